@@ -1,0 +1,47 @@
+# Run `make` (or `make help`) for the list of targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
+EXP ?=
+TRAINER ?=
+LOGGER ?=
+DEBUG ?=
+ARGS ?=
+PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
+          $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
+
+.PHONY: help install train test test-gpu lint format typecheck clean
+
+help: ## Show this list of targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  train variables: EXP=<configs/experiment/*> TRAINER=<configs/trainer/*> LOGGER=<configs/logger/*> DEBUG=<configs/debug/*> ARGS='--key value ...'"
+
+install: ## Install uv if missing, then the locked environment (.venv) and, in a git repo, the pre-commit hooks
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --locked
+	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
+
+train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)
+	$(UV) run --no-sync kiln fit $(PRESETS) $(ARGS)
+
+test: ## Run the test suite (GPU tests skip without CUDA)
+	$(UV) run --no-sync pytest
+
+test-gpu: ## Run only the GPU tests (needs CUDA)
+	$(UV) run --no-sync pytest -m gpu
+
+lint: ## Check style with ruff
+	$(UV) run --no-sync ruff check .
+	$(UV) run --no-sync ruff format --check .
+
+format: ## Fix style with ruff
+	$(UV) run --no-sync ruff format .
+	$(UV) run --no-sync ruff check --fix .
+
+typecheck: ## Check types with mypy
+	$(UV) run --no-sync mypy
+
+clean: ## Remove run folders and caches (keeps data/ and .venv)
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +

@@ -1,0 +1,65 @@
+"""Write ``predict`` outputs to a CSV file in the run folder."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import IO, Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import BasePredictionWriter
+from torch import Tensor
+
+
+class PredictionWriter(BasePredictionWriter):
+    """One row per sample: dataset index, label (when the batch has one), predicted class, probabilities.
+
+    Rows are written batch by batch, so memory stays flat and DDP ranks each write their own file
+    (``predictions.csv`` on rank 0, ``predictions-rank<N>.csv`` on the others).
+
+    Args:
+        output_dir: Folder of the CSV; ``None`` means the run folder (``trainer.default_root_dir``).
+        filename: Name of rank 0's file.
+    """
+
+    def __init__(self, output_dir: str | None = None, filename: str = "predictions.csv") -> None:
+        super().__init__(write_interval="batch")
+        self.output_dir = output_dir
+        self.filename = filename
+        self.path: Path | None = None
+        self._file: IO[str] | None = None
+        self._writer: Any = None
+
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        folder = Path(self.output_dir or trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        rank = trainer.global_rank
+        name = self.filename if rank == 0 else self.filename.replace(".csv", f"-rank{rank}.csv")
+        self.path = folder / name
+        self._file = self.path.open("w", newline="")
+        self._writer = csv.writer(self._file)
+
+    def write_on_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        probs: Tensor = prediction.float().cpu()
+        if self._file is not None and self._file.tell() == 0:
+            self._writer.writerow(["index", "label", "predicted", *[f"p{c}" for c in range(probs.shape[1])]])
+        n = len(probs)
+        labels = batch[1].tolist() if isinstance(batch, (tuple, list)) and len(batch) > 1 else [""] * n
+        indices = list(batch_indices) if batch_indices is not None else [""] * n
+        predicted = probs.argmax(dim=1).tolist()
+        for index, label, pred, row in zip(indices, labels, predicted, probs.tolist(), strict=True):
+            self._writer.writerow([index, label, pred, *(f"{p:.6f}" for p in row)])
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,124 @@
+"""``kiln fit|validate|test|predict``: LightningCLI with the default experiment, run folders and a summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+from kiln.errors import KilnError
+from kiln.runs import RUN_DIR_ENV, remove_if_empty, resolve_run_dir
+from kiln.wandb_mode import ensure_wandb_mode
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
+
+
+@dataclass
+class RunOptions:
+    """Where a run's folder goes and what happens after ``fit``.
+
+    Args:
+        name: Experiment name; runs land in ``<root>/<name>/<timestamp>``.
+        root: Folder holding all runs.
+        test_after_fit: Test the best checkpoint once ``fit`` ends and print a summary.
+    """
+
+    name: str = "default"
+    root: str = "runs"
+    test_after_fit: bool = True
+
+
+def _class_nodes(value: Any) -> Iterator[Namespace]:
+    """The ``class_path``/``init_args`` entries in a logger or callbacks config value."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, Namespace) and "class_path" in item:
+            yield item
+
+
+class WandbConfigSaver(SaveConfigCallback):
+    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run."""
+
+    def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+                logger.experiment.config.update({"cli": config}, allow_val_change=True)
+
+
+class KilnCLI(LightningCLI):
+    """LightningCLI that gives every run its own folder and keeps W&B from prompting or hanging."""
+
+    run_dir: Path | None = None
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunOptions, "run")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self.run_dir = resolve_run_dir(config.run.root, config.run.name)
+        config.trainer.default_root_dir = str(self.run_dir)
+        for logger in _class_nodes(config.trainer.logger):
+            logger.init_args.save_dir = str(self.run_dir)
+            if logger.class_path.endswith("WandbLogger"):
+                if notice := ensure_wandb_mode():
+                    print(notice, file=sys.stderr)
+                if logger.init_args.get("name") is None:
+                    logger.init_args.name = f"{config.run.name}/{self.run_dir.name}"
+            else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
+                logger.init_args.name = ""
+                logger.init_args.version = ""
+        for callback in _class_nodes(config.trainer.callbacks):
+            if callback.class_path.endswith("ModelCheckpoint"):
+                callback.init_args.dirpath = str(self.run_dir / "checkpoints")
+
+    def after_fit(self) -> None:
+        config = self.config[self.subcommand]
+        trainer = self.trainer
+        if not config.run.test_after_fit or trainer.interrupted or trainer.sanity_checking:
+            return
+        callback = trainer.checkpoint_callback
+        best = getattr(callback, "best_model_path", "") or None
+        results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+        if trainer.is_global_zero:
+            from kiln.summary import print_summary
+
+            print_summary(trainer, results[0] if results else {}, best, self.run_dir)
+
+
+def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
+    """The CLI with the default experiment's config applied first.
+
+    ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
+    tests get exactly what ``kiln fit`` would train.
+    """
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []}
+    return KilnCLI(
+        model_class=None,
+        datamodule_class=None,
+        save_config_callback=WandbConfigSaver,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
+        parser_kwargs={sub: defaults for sub in LightningCLI.subcommands()} if run else defaults,
+        args=args,
+        run=run,
+    )
+
+
+def main(args: ArgsType = None) -> None:
+    """Console entry point: user errors become one line on stderr and exit code 1."""
+    try:
+        build_cli(args)
+    except KilnError as err:
+        print(f"error: {err}", file=sys.stderr)
+        remove_if_empty(Path(os.environ[RUN_DIR_ENV]) if RUN_DIR_ENV in os.environ else None)
+        sys.exit(1)

@@ -1,0 +1,9 @@
+"""Errors a user can fix: the CLI prints them as one line and exits non-zero, without a traceback."""
+
+
+class KilnError(Exception):
+    """A problem with the user's input (data, config, checkpoint) whose message says what to do."""
+
+
+class MissingDataError(KilnError, FileNotFoundError):
+    """Dataset files are absent and could not be downloaded."""

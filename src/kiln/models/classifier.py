@@ -1,0 +1,101 @@
+"""Image classification around any injected ``nn.Module``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from kiln.models.schedules import WarmupCosineLR
+
+Batch = tuple[Tensor, Tensor]
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2)
+
+
+class ImageClassifier(LightningModule):
+    """Cross-entropy training, accuracy metrics and probability predictions for ``net``.
+
+    Args:
+        net: The architecture (any ``nn.Module`` mapping images to ``num_classes`` logits).
+        num_classes: Number of classes; sizes the metrics.
+        optimizer: Builds the optimizer from the parameters (``class_path`` in YAML).
+        scheduler: Builds an LR scheduler from the optimizer; ``None`` keeps the LR constant.
+        scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        label_smoothing: Cross-entropy label smoothing.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: OptimizerCallable = _adamw,
+        scheduler: LRSchedulerCallable | None = None,
+        scheduler_interval: Literal["step", "epoch"] = "step",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        # Under LightningCLI this stores the YAML config of `net`, optimizer and scheduler, so
+        # `load_from_checkpoint` rebuilds them; objects built in Python are not stored (pass them again).
+        self.save_hyperparameters()
+        for key in [k for k, v in self.hparams.items() if callable(v)]:
+            del self.hparams[key]
+        self.net = net
+        self.num_classes = num_classes
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.label_smoothing = label_smoothing
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self._loss(logits, y)
+        self.train_acc(logits, y)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def _evaluate(self, batch: Batch, stage: str, metric: MulticlassAccuracy) -> None:
+        x, y = batch
+        logits = self(x)
+        # epoch means over all ranks: sync_dist for the loss, torchmetrics syncs its own state
+        self.log(f"{stage}/loss", self._loss(logits, y), sync_dist=True)
+        metric(logits, y)
+        self.log(f"{stage}/acc", metric, prog_bar=True)
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_acc)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_acc)
+
+    def predict_step(self, batch: Batch | Tensor, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        """Class probabilities; the Trainer already runs this under ``torch.inference_mode``."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x).softmax(dim=-1)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
+            scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}

@@ -1,0 +1,6 @@
+"""Plain ``nn.Module`` architectures: no training logic, injected into LightningModules."""
+
+from kiln.nets.cnn import SmallCNN
+from kiln.nets.resnet import ResNet
+
+__all__ = ["ResNet", "SmallCNN"]
