@@ -18,7 +18,7 @@ help: ## Show this list of targets
 	@echo "  train variables: EXP=<configs/experiment/*> TRAINER=<configs/trainer/*> LOGGER=<configs/logger/*> DEBUG=<configs/debug/*> ARGS='--key value ...'"
 
 install: ## Install uv if missing, then the locked environment (.venv) and, in a git repo, the pre-commit hooks
-	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
 	$(UV) sync --locked
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
 

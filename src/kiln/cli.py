@@ -15,7 +15,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 
 from kiln.errors import KilnError
 from kiln.runs import RUN_DIR_ENV, remove_if_empty, resolve_run_dir
-from kiln.wandb_mode import ensure_wandb_mode
+from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
@@ -59,6 +59,7 @@ class KilnCLI(LightningCLI):
     """LightningCLI that gives every run its own folder and keeps W&B from prompting or hanging."""
 
     run_dir: Path | None = None
+    test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunOptions, "run")
@@ -72,27 +73,41 @@ class KilnCLI(LightningCLI):
             if logger.class_path.endswith("WandbLogger"):
                 if notice := ensure_wandb_mode():
                     print(notice, file=sys.stderr)
+                if logger.init_args.get("mode") is None:  # per run: W&B reads the variable once per process
+                    logger.init_args.mode = os.environ.get("WANDB_MODE")
                 if logger.init_args.get("name") is None:
                     logger.init_args.name = f"{config.run.name}/{self.run_dir.name}"
             else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
                 logger.init_args.name = ""
                 logger.init_args.version = ""
-        for callback in _class_nodes(config.trainer.callbacks):
+        callbacks = list(_class_nodes(config.trainer.callbacks))
+        for callback in callbacks:
             if callback.class_path.endswith("ModelCheckpoint"):
                 callback.init_args.dirpath = str(self.run_dir / "checkpoints")
+        if not config.trainer.logger:  # LearningRateMonitor refuses to start without a logger to write to
+            config.trainer.callbacks = [c for c in callbacks if not c.class_path.endswith("LearningRateMonitor")]
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
         trainer = self.trainer
-        if not config.run.test_after_fit or trainer.interrupted or trainer.sanity_checking:
-            return
-        callback = trainer.checkpoint_callback
-        best = getattr(callback, "best_model_path", "") or None
-        results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
-        if trainer.is_global_zero:
-            from kiln.summary import print_summary
+        if config.run.test_after_fit and not trainer.interrupted:
+            best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
+            results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
+            self.test_metrics = dict(results[0]) if results else {}
+            if trainer.is_global_zero:
+                from kiln.summary import print_summary
 
-            print_summary(trainer, results[0] if results else {}, best, self.run_dir)
+                print_summary(trainer, self.test_metrics, best, self.run_dir)
+        finish_wandb()
+
+    def after_validate(self) -> None:
+        finish_wandb()
+
+    def after_test(self) -> None:
+        finish_wandb()
+
+    def after_predict(self) -> None:
+        finish_wandb()
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
@@ -101,14 +116,19 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
     ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
     tests get exactly what ``kiln fit`` would train.
     """
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []}
+    defaults: dict[str, Any] = {
+        "default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else [],
+        "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
+    }
     return KilnCLI(
         model_class=None,
         datamodule_class=None,
         save_config_callback=WandbConfigSaver,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
-        parser_kwargs={sub: defaults for sub in LightningCLI.subcommands()} if run else defaults,
+        parser_kwargs={"allow_abbrev": False, **{sub: defaults for sub in LightningCLI.subcommands()}}
+        if run
+        else defaults,
         args=args,
         run=run,
     )

@@ -28,7 +28,7 @@ def resolve_run_dir(root: str | Path, name: str) -> Path:
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return Path(inherited)
-    base = Path(root) / name
+    base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
     job = _job_id()
     if job is not None:
         run_dir = base / job

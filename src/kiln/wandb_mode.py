@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import sys
 from pathlib import Path
 
 
@@ -28,3 +29,10 @@ def ensure_wandb_mode() -> str | None:
         return None
     os.environ["WANDB_MODE"] = "offline"
     return "W&B: no API key (set WANDB_API_KEY or run `wandb login`), logging offline; `wandb sync` uploads it later"
+
+
+def finish_wandb() -> None:
+    """End this process's W&B run, so the next run in the same process (a notebook) starts its own."""
+    wandb = sys.modules.get("wandb")  # never import W&B just to close it
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()

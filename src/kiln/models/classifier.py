@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -44,7 +45,9 @@ class ImageClassifier(LightningModule):
         super().__init__()
         # Under LightningCLI this stores the YAML config of `net`, optimizer and scheduler, so
         # `load_from_checkpoint` rebuilds them; objects built in Python are not stored (pass them again).
-        self.save_hyperparameters()
+        with warnings.catch_warnings():  # Lightning warns about `net` objects, which are dropped just below
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
+            self.save_hyperparameters()
         for key in [k for k, v in self.hparams.items() if callable(v)]:
             del self.hparams[key]
         self.net = net

@@ -1,0 +1,54 @@
+"""Write tiny datasets in the real on-disk formats torchvision reads (no download)."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MNIST_FILES = {
+    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """The idx format of MNIST: magic (0, 0, type 0x08 = uint8, ndim), big-endian sizes, raw bytes."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def write_mnist(folder: Path, n_train: int, n_test: int, seed: int) -> dict[bool, tuple[np.ndarray, np.ndarray]]:
+    """Random 28x28 uint8 images with labels 0-9; returns ``{train: (images, labels)}``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    written = {}
+    for train, n in ((True, n_train), (False, n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = np.arange(n, dtype=np.uint8) % 10
+        images_name, labels_name = MNIST_FILES[train]
+        write_idx(folder / images_name, images)
+        write_idx(folder / labels_name, labels)
+        written[train] = (images, labels)
+    return written
+
+
+def write_cifar10(folder: Path, n_per_batch: int, seed: int) -> None:
+    """Five training batches, a test batch and the meta file, pickled as in the official release.
+
+    The release was pickled by Python 2, whose ``str`` keys torchvision reads back as ``str``.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            "data": rng.integers(0, 256, size=(n_per_batch, 3 * 32 * 32), dtype=np.uint8),
+            "labels": [i % 10 for i in range(n_per_batch)],
+        }
+        with (folder / name).open("wb") as f:
+            pickle.dump(batch, f)
+    meta = {"label_names": [f"class{i}" for i in range(10)]}
+    with (folder / "batches.meta").open("wb") as f:
+        pickle.dump(meta, f)

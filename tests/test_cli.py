@@ -1,0 +1,142 @@
+"""The command line as a user meets it: run folders, W&B offline, summaries, predictions, bad input."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS
+
+from kiln.cli import build_cli, main
+
+LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]
+
+
+def run_dirs(root: Path = Path("runs/digits")) -> list[Path]:
+    return sorted(p.resolve() for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def test_fit_fills_one_run_folder_and_prints_summary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.delenv("WANDB_MODE")  # no key and no mode: must fall back to offline, not prompt
+    main(["fit", *LIMIT])
+    (run_dir,) = run_dirs()
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert "last.ckpt" in checkpoints and any(name.startswith("best-") for name in checkpoints)
+    assert (run_dir / "config.yaml").is_file()
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1
+    err = capsys.readouterr().err
+    notices = [line for line in err.splitlines() if line.startswith("W&B: no API key")]
+    assert len(notices) == 1 and "offline" in notices[0]
+    assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_summary_names_metrics_checkpoint_folder_and_sync(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    main(["fit", *LIMIT])
+    (run_dir,) = run_dirs()
+    out = capsys.readouterr().out
+    assert "test/acc" in out and "test/loss" in out
+    assert str(run_dir) in out
+    assert "checkpoints/best-" in out
+    assert f"wandb sync {run_dir}/wandb/offline-run-" in out
+
+
+def test_wandb_run_config_holds_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    main(["fit", *LIMIT, "--run.test_after_fit", "false"])
+    (run_dir,) = run_dirs()
+    (run_log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # the offline run's record, as synced later
+    record = run_log.read_bytes()
+    assert b"kiln.data.DigitsDataModule" in record and b'limit_train_batches":5' in record
+
+
+def test_second_run_gets_its_own_folder() -> None:
+    args = ["fit", *LIMIT, "--trainer.max_epochs", "1", "--run.test_after_fit", "false"]
+    main(args)
+    main(args)
+    first, second = run_dirs()
+    assert (first / "config.yaml").is_file() and (second / "config.yaml").is_file()
+
+
+def test_wandb_mode_set_by_user_is_respected(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    main(["fit", *LIMIT, "--run.test_after_fit", "false"])
+    (run_dir,) = run_dirs()
+    assert not list(run_dir.glob("wandb/offline-run-*"))
+    assert "W&B: no API key" not in capsys.readouterr().err
+
+
+def test_predict_writes_probabilities_to_run_folder() -> None:
+    fit = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+    ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    main(["predict", "--ckpt_path", str(ckpt), "--trainer.logger", "false"])
+    predict_dir = next(d for d in run_dirs() if str(d) != fit.trainer.default_root_dir)
+    with (predict_dir / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 359  # the digits test split
+    probs = [float(rows[0][f"p{c}"]) for c in range(10)]
+    assert sum(probs) == pytest.approx(1.0, abs=1e-4)
+    assert int(rows[0]["predicted"]) == max(range(10), key=probs.__getitem__)
+    assert {int(r["index"]) for r in rows} == set(range(359))
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--model.init_args.no_such_key", "1"], "no_such_key"),
+        (["--trainer.max_epochs", "many"], "trainer.max_epochs"),
+        (["--data.init_args.batch_size", "big"], "batch_size"),
+        (["--trainer.max_epoch", "3"], "--trainer.max_epoch"),  # a typo, not an abbreviation of max_epochs
+    ],
+)
+def test_bad_flag_exits_nonzero_naming_the_key(args: list[str], named: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert exit_info.value.code not in (0, None)
+    assert named in capsys.readouterr().err
+    assert not Path("runs").exists()  # nothing written for a config that never ran
+
+
+def test_bad_key_in_config_file_names_file_and_key(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epoch: 3\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "-c", str(bad)])
+    assert exit_info.value.code not in (0, None)
+    assert "max_epoch" in capsys.readouterr().err
+
+
+def test_missing_data_exits_one_line_and_leaves_no_run_folder(capsys: pytest.CaptureFixture) -> None:
+    args = ["fit", "-c", str(CONFIGS / "experiment" / "mnist.yaml"), "--data.init_args.download", "false"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "MNIST/raw" in errors[0] and "train-images-idx3-ubyte" in errors[0]
+    assert run_dirs(Path("runs/mnist")) == []
+
+
+@pytest.mark.slow
+def test_module_entry_point_help_and_exit_code(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "kiln", "fit", "--help"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "--trainer.max_epochs" in done.stdout and "--run.name" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "kiln", "fit", "--nope", "1"], capture_output=True, text=True, env=env)
+    assert bad.returncode != 0 and "nope" in bad.stderr
+
+
+@pytest.mark.slow
+def test_default_experiment_reaches_98_percent_test_accuracy() -> None:
+    cli = build_cli(["fit"])  # exactly what `make train` runs
+    assert cli.test_metrics is not None
+    assert cli.test_metrics["test/acc"] >= 0.98
+    assert Path(cli.trainer.checkpoint_callback.best_model_path).name.startswith("best-")  # type: ignore[union-attr]

@@ -1,0 +1,112 @@
+"""Data: seeded splits, loader hygiene, the real MNIST/CIFAR formats, and the missing-data error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.error import URLError
+
+import pytest
+import torch
+from dataset_files import write_mnist
+from torch.utils.data import RandomSampler, SequentialSampler
+
+from kiln.data import CIFAR10DataModule, DigitsDataModule, FashionMNISTDataModule, MNISTDataModule
+from kiln.errors import MissingDataError
+
+
+def test_digits_split_is_seeded_disjoint_and_complete() -> None:
+    a, b, c = DigitsDataModule(split_seed=3), DigitsDataModule(split_seed=3), DigitsDataModule(split_seed=4)
+    for dm in (a, b, c):
+        dm.setup()
+    assert torch.equal(a.test_set.labels, b.test_set.labels)  # type: ignore[union-attr]
+    assert torch.equal(a.test_set.images, b.test_set.images)  # type: ignore[union-attr]
+    assert not torch.equal(a.test_set.images, c.test_set.images)  # type: ignore[union-attr]
+    sizes = [len(s) for s in (a.train_set, a.val_set, a.test_set)]  # type: ignore[arg-type]
+    assert sum(sizes) == 1797 and sizes[2] == round(0.2 * 1797)
+    rows = lambda ds: {tuple(x.flatten().tolist()) for x in ds.images}  # noqa: E731
+    assert not rows(a.train_set) & rows(a.test_set)
+
+
+def test_loader_hygiene_on_cpu() -> None:
+    dm = DigitsDataModule(batch_size=16, eval_batch_size=100, num_workers=2)
+    dm.setup()
+    train, val, test = dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()
+    assert isinstance(train.sampler, RandomSampler)  # only training data is shuffled
+    assert isinstance(val.sampler, SequentialSampler) and isinstance(test.sampler, SequentialSampler)
+    assert train.batch_size == 16 and val.batch_size == 100
+    assert not train.pin_memory  # no CUDA here: pinning would only cost
+    assert train.persistent_workers and train.num_workers == 2
+    no_workers = DigitsDataModule(num_workers=0)
+    no_workers.setup()
+    assert not no_workers.train_dataloader().persistent_workers
+
+
+def test_default_workers_leave_a_core_for_the_main_process() -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert DigitsDataModule().num_workers == max(0, min(8, cores - 1))
+
+
+def test_augmentation_only_in_training() -> None:
+    dm = DigitsDataModule()
+    dm.setup()
+    assert dm.train_set.transform is not None  # type: ignore[union-attr]
+    assert dm.val_set.transform is None and dm.test_set.transform is None  # type: ignore[union-attr]
+    off = DigitsDataModule(train_transforms=[])
+    off.setup()
+    assert off.train_set.transform is None  # type: ignore[union-attr]
+
+
+def test_mnist_reads_real_format_and_normalises(tmp_path: Path) -> None:
+    written = write_mnist(tmp_path / "data" / "MNIST" / "raw", n_train=50, n_test=20, seed=7)
+    dm = MNISTDataModule(
+        data_dir=tmp_path / "data", val_fraction=0.2, batch_size=10, num_workers=0, train_transforms=[]
+    )
+    dm.prepare_data()
+    dm.setup()
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (40, 10, 20)  # type: ignore[arg-type]
+    x, y = next(iter(dm.test_dataloader()))
+    assert x.shape == (10, 1, 28, 28) and x.dtype == torch.float32
+    assert y.dtype == torch.int64
+    images, labels = written[False]
+    expected = (torch.from_numpy(images[:10]).float().unsqueeze(1) / 255 - 0.1307) / 0.3081
+    torch.testing.assert_close(x, expected)
+    assert torch.equal(y, torch.from_numpy(labels[:10]).long())
+
+
+def test_fashion_mnist_and_cifar10_shapes(mnist_root: Path, cifar_root: Path) -> None:
+    fashion = FashionMNISTDataModule(data_dir=mnist_root, batch_size=8, num_workers=0)
+    cifar = CIFAR10DataModule(data_dir=cifar_root, batch_size=8, num_workers=0)
+    for dm, shape in ((fashion, (8, 1, 28, 28)), (cifar, (8, 3, 32, 32))):
+        dm.prepare_data()
+        dm.setup()
+        x, y = next(iter(dm.train_dataloader()))
+        assert x.shape == shape and y.shape == (8,)
+        assert int(y.max()) < 10
+    assert len(cifar.test_set) == 20  # type: ignore[arg-type]
+
+
+def test_missing_files_error_is_one_line_naming_folder_and_files(tmp_path: Path) -> None:
+    dm = MNISTDataModule(data_dir=tmp_path / "nowhere", download=False)
+    with pytest.raises(MissingDataError) as err:
+        dm.prepare_data()
+    message = str(err.value)
+    assert "\n" not in message
+    assert str((tmp_path / "nowhere" / "MNIST" / "raw").resolve()) in message
+    assert "train-images-idx3-ubyte" in message and "t10k-labels-idx1-ubyte" in message
+    assert "download=true" in message
+
+
+def test_failed_download_is_the_same_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchvision import datasets
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(datasets.MNIST, "download", offline)
+    dm = MNISTDataModule(data_dir=tmp_path / "data", download=True)
+    with pytest.raises(MissingDataError) as err:
+        dm.prepare_data()
+    message = str(err.value)
+    assert "\n" not in message and "download failed" in message and "MNIST/raw" in message

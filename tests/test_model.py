@@ -1,0 +1,91 @@
+"""The classifier learns, reloads from a checkpoint alone, and schedules its learning rate."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import CONFIGS
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from kiln.cli import build_cli
+from kiln.models import ImageClassifier, WarmupCosineLR
+from kiln.nets import SmallCNN
+
+
+class LossRecorder(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def test_default_model_overfits_one_batch() -> None:
+    cli = build_cli(["-c", str(CONFIGS / "debug" / "overfit.yaml"), "--trainer.logger", "false"], run=False)
+    recorder = LossRecorder()
+    cli.trainer.callbacks.append(recorder)  # type: ignore[attr-defined]
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    first, last = recorder.losses[0], recorder.losses[-1]
+    assert len(recorder.losses) == 150
+    assert last <= 0.1 * first, f"loss fell only from {first:.3f} to {last:.3f}"
+
+
+def test_checkpoint_alone_rebuilds_model_with_identical_predictions() -> None:
+    cli = build_cli(
+        [
+            "fit",
+            "-c",
+            str(CONFIGS / "debug" / "limit.yaml"),
+            "--trainer.logger",
+            "false",
+            "--run.test_after_fit",
+            "false",
+        ]
+    )
+    last = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    loaded = ImageClassifier.load_from_checkpoint(last, map_location="cpu")  # no YAML, no net passed
+    assert isinstance(loaded.net, SmallCNN)
+    x = torch.randn(16, 1, 8, 8)
+    cli.model.eval()
+    loaded.eval()
+    with torch.inference_mode():
+        assert torch.equal(cli.model(x), loaded(x))
+    # the checkpoint holds plain data only: torch's safe loader reads it
+    torch.load(last, weights_only=True)
+
+
+def test_model_built_in_python_stores_no_objects_in_hparams(tmp_path: Path) -> None:
+    model = ImageClassifier(net=SmallCNN(), num_classes=10)
+    assert "net" not in model.hparams and "optimizer" not in model.hparams
+    assert model.hparams["num_classes"] == 10
+
+
+def test_predict_step_returns_probabilities() -> None:
+    model = ImageClassifier(net=SmallCNN(num_classes=4), num_classes=4).eval()
+    probs = model.predict_step((torch.randn(5, 1, 8, 8), torch.zeros(5)), 0)
+    assert probs.shape == (5, 4)
+    torch.testing.assert_close(probs.sum(dim=1), torch.ones(5))
+
+
+def test_warmup_cosine_schedule() -> None:
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    scheduler = WarmupCosineLR(optimizer, warmup_fraction=0.1)
+    scheduler.set_total_steps(100)
+    lrs = []
+    for _ in range(100):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(0.1)  # (step + 1) / warmup_steps
+    assert lrs[9] == pytest.approx(1.0)  # end of warm-up
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))  # then only decays
+    assert lrs[-1] < 0.01
+    assert lrs[55] == pytest.approx(0.5, abs=0.02)  # cosine half-way point
