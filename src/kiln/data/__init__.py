@@ -1,0 +1,14 @@
+"""LightningDataModules: one per data source, all yielding ``(image, label)`` batches."""
+
+from kiln.data.base import ImageDataModule
+from kiln.data.digits import DigitsDataModule
+from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
+
+__all__ = [
+    "CIFAR10DataModule",
+    "DigitsDataModule",
+    "FashionMNISTDataModule",
+    "ImageDataModule",
+    "MNISTDataModule",
+    "TorchvisionDataModule",
+]

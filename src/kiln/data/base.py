@@ -1,0 +1,141 @@
+"""Shared DataModule machinery: in-memory image tensors, seeded splits and DataLoader hygiene."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.accelerators import CUDAAccelerator
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+Transform = Callable[[Tensor], Tensor]
+
+
+class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
+    """Images held as one ``N x C x H x W`` tensor (uint8 or float in [0, 1]).
+
+    Each item is converted to float, augmented (train only), then normalised, so augmentation
+    fills with true black and normalisation statistics stay those of the raw pixels.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        mean: Sequence[float],
+        std: Sequence[float],
+        transform: Transform | None = None,
+    ) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels.long()
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x = self.images[index]
+        x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
+        if self.transform is not None:
+            x = self.transform(x)
+        return (x - self.mean) / self.std, self.labels[index]
+
+
+def default_num_workers() -> int:
+    """One worker per available core, leaving one for the main process, at most 8."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(8, cores - 1))
+
+
+def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
+    """Split ``range(n)`` into index tensors of the given fractions; same seed, same split."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    sizes = [int(round(f * n)) for f in fractions[:-1]]
+    sizes.append(n - sum(sizes))
+    return list(torch.split(order, sizes))
+
+
+class ImageDataModule(LightningDataModule):
+    """Base for image-classification data: subclasses fill ``train_set``/``val_set``/``test_set``.
+
+    Args:
+        batch_size: Samples per training batch.
+        eval_batch_size: Samples per validation/test/predict batch (defaults to ``batch_size``).
+        num_workers: DataLoader worker processes; ``None`` picks one per spare CPU core.
+        train_transforms: Augmentations for training only (e.g. torchvision ``v2`` transforms),
+            applied to float images in [0, 1]; ``None`` uses the dataset's default, ``[]`` none.
+        mean: Per-channel normalisation mean; ``None`` uses the dataset's statistics.
+        std: Per-channel normalisation std; ``None`` uses the dataset's statistics.
+    """
+
+    num_classes: int
+    in_channels: int
+    image_size: tuple[int, int]
+    default_mean: tuple[float, ...]
+    default_std: tuple[float, ...]
+
+    def __init__(
+        self,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int | None = None,
+        train_transforms: list[nn.Module] | None = None,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+    ) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = default_num_workers() if num_workers is None else num_workers
+        self.train_transforms = train_transforms
+        self.mean = tuple(mean) if mean is not None else self.default_mean
+        self.std = tuple(std) if std is not None else self.default_std
+        self.train_set: ImageTensorDataset | None = None
+        self.val_set: ImageTensorDataset | None = None
+        self.test_set: ImageTensorDataset | None = None
+
+    def default_train_transforms(self) -> list[nn.Module]:
+        """The augmentation used when ``train_transforms`` is ``None``; override per dataset."""
+        return []
+
+    def train_transform(self) -> Transform | None:
+        """The composed training augmentation, or ``None`` for none."""
+        chosen = self.default_train_transforms() if self.train_transforms is None else self.train_transforms
+        return nn.Sequential(*chosen) if chosen else None
+
+    def make_dataset(self, images: Tensor, labels: Tensor, train: bool) -> ImageTensorDataset:
+        """Wrap tensors with this module's normalisation (and augmentation when ``train``)."""
+        transform = self.train_transform() if train else None
+        return ImageTensorDataset(images, labels, self.mean, self.std, transform)
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,  # only training data is shuffled; evaluation order stays fixed
+            num_workers=self.num_workers,
+            pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
+            persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, train=False)

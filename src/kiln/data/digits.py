@@ -1,0 +1,65 @@
+"""scikit-learn's bundled handwritten digits: a real dataset that needs no download."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.transforms import v2
+
+from kiln.data.base import ImageDataModule, seeded_split
+
+
+class DigitsDataModule(ImageDataModule):
+    """1,797 8x8 grey-scale digits (UCI optdigits) shipped inside scikit-learn.
+
+    Split into train/val/test by ``split_seed``, independent of the training seed, so every run
+    of every seed is scored on the same held-out test images.
+
+    Args:
+        val_fraction: Share of the images used for validation.
+        test_fraction: Share of the images held out for the final test.
+        split_seed: Seed of the split permutation.
+        **kwargs: Loader and transform options of :class:`ImageDataModule`.
+    """
+
+    num_classes = 10
+    in_channels = 1
+    image_size = (8, 8)
+    default_mean = (0.3053,)
+    default_std = (0.3760,)
+
+    def __init__(
+        self,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        split_seed: int = 0,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"val_fraction={val_fraction} and test_fraction={test_fraction} must be > 0 and sum to < 1"
+            )
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+
+    def default_train_transforms(self) -> list[nn.Module]:
+        # one-pixel shifts and small rotations: the variation handwriting has at this resolution
+        return [v2.RandomAffine(degrees=10, translate=(0.125, 0.125))]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        from sklearn.datasets import load_digits  # imported here: only this dataset needs scikit-learn
+
+        digits = load_digits()
+        images = torch.from_numpy(digits.images).float().div_(16).unsqueeze(1)  # values 0..16 -> [0, 1]
+        labels = torch.from_numpy(digits.target).long()
+        train_fraction = 1 - self.val_fraction - self.test_fraction
+        train, val, test = seeded_split(
+            len(labels), (train_fraction, self.val_fraction, self.test_fraction), self.split_seed
+        )
+        self.train_set = self.make_dataset(images[train], labels[train], train=True)
+        self.val_set = self.make_dataset(images[val], labels[val], train=False)
+        self.test_set = self.make_dataset(images[test], labels[test], train=False)
