@@ -140,3 +140,16 @@ def test_default_experiment_reaches_98_percent_test_accuracy() -> None:
     assert cli.test_metrics is not None
     assert cli.test_metrics["test/acc"] >= 0.98
     assert Path(cli.trainer.checkpoint_callback.best_model_path).name.startswith("best-")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_evaluation_subcommands_load_a_checkpoint(subcommand: str) -> None:
+    fit = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+    ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    evaluated = build_cli([subcommand, *LIMIT, "--ckpt_path", str(ckpt), "--trainer.logger", "false"])
+    metrics = evaluated.trainer.callback_metrics
+    stage = "val" if subcommand == "validate" else "test"
+    assert f"{stage}/acc" in metrics and f"{stage}/loss" in metrics
+    # the same weights give the same validation loss as at the end of fit
+    if subcommand == "validate":
+        assert float(metrics["val/loss"]) == pytest.approx(float(fit.trainer.callback_metrics["val/loss"]), rel=1e-5)

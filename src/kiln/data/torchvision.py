@@ -13,7 +13,12 @@ from torchvision.transforms import v2
 from kiln.data.base import ImageDataModule, seeded_split
 from kiln.errors import MissingDataError
 
-_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_MNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 
 
 class TorchvisionDataModule(ImageDataModule):
@@ -124,7 +129,15 @@ class CIFAR10DataModule(TorchvisionDataModule):
 
     dataset_class = datasets.CIFAR10
     folder = "cifar-10-batches-py"
-    files = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch", "batches.meta")
+    files = (
+        "data_batch_1",
+        "data_batch_2",
+        "data_batch_3",
+        "data_batch_4",
+        "data_batch_5",
+        "test_batch",
+        "batches.meta",
+    )
     num_classes = 10
     in_channels = 3
     image_size = (32, 32)
