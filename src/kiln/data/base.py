@@ -57,7 +57,7 @@ def default_num_workers() -> int:
 def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
     """Split ``range(n)`` into index tensors of the given fractions; same seed, same split."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    sizes = [int(round(f * n)) for f in fractions[:-1]]
+    sizes = [round(f * n) for f in fractions[:-1]]
     sizes.append(n - sum(sizes))
     return list(torch.split(order, sizes))
 
