@@ -13,6 +13,7 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.errors import KilnError
 from kiln.runs import RUN_DIR_ENV, remove_if_empty, resolve_run_dir
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
@@ -61,11 +62,21 @@ class KilnCLI(LightningCLI):
     run_dir: Path | None = None
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
+            raise
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunOptions, "run")
+        # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
+        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         self.run_dir = resolve_run_dir(config.run.root, config.run.name)
         config.trainer.default_root_dir = str(self.run_dir)
         for logger in _class_nodes(config.trainer.logger):

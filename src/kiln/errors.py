@@ -7,3 +7,7 @@ class KilnError(Exception):
 
 class MissingDataError(KilnError, FileNotFoundError):
     """Dataset files are absent and could not be downloaded."""
+
+
+class HealthCheckError(KilnError):
+    """A batch or a training step failed a health check; the message names the batch, field and values."""

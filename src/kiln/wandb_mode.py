@@ -31,8 +31,8 @@ def ensure_wandb_mode() -> str | None:
     return "W&B: no API key (set WANDB_API_KEY or run `wandb login`), logging offline; `wandb sync` uploads it later"
 
 
-def finish_wandb() -> None:
+def finish_wandb(exit_code: int = 0) -> None:
     """End this process's W&B run, so the next run in the same process (a notebook) starts its own."""
     wandb = sys.modules.get("wandb")  # never import W&B just to close it
     if wandb is not None and wandb.run is not None:
-        wandb.finish()
+        wandb.finish(exit_code=exit_code)

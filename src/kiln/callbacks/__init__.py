@@ -1,5 +1,18 @@
-"""Callbacks that watch a run: prediction files, run summaries."""
+"""Callbacks that watch a run: health checks, pictures, prediction files."""
 
+from kiln.callbacks.batch_checks import BatchSanityCheck
+from kiln.callbacks.grad_norm import GradNormMonitor
+from kiln.callbacks.non_finite import NonFiniteGuard
+from kiln.callbacks.overfit import OverfitReport
+from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
 
-__all__ = ["PredictionWriter"]
+__all__ = [
+    "BatchGrid",
+    "BatchSanityCheck",
+    "ConfusionMatrixReport",
+    "GradNormMonitor",
+    "NonFiniteGuard",
+    "OverfitReport",
+    "PredictionWriter",
+]

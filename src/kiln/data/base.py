@@ -80,6 +80,7 @@ class ImageDataModule(LightningDataModule):
     image_size: tuple[int, int]
     default_mean: tuple[float, ...]
     default_std: tuple[float, ...]
+    class_names: tuple[str, ...] | None = None  # shown in pictures; None: the class indices
 
     def __init__(
         self,

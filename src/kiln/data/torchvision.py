@@ -119,6 +119,7 @@ class FashionMNISTDataModule(MNISTDataModule):
     folder = "FashionMNIST/raw"
     default_mean = (0.2860,)
     default_std = (0.3530,)
+    class_names = ("T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Boot")
 
     def default_train_transforms(self) -> list[nn.Module]:
         return [v2.RandomHorizontalFlip(), v2.RandomAffine(degrees=0, translate=(0.1, 0.1))]
@@ -143,6 +144,7 @@ class CIFAR10DataModule(TorchvisionDataModule):
     image_size = (32, 32)
     default_mean = (0.4914, 0.4822, 0.4465)
     default_std = (0.2470, 0.2435, 0.2616)
+    class_names = ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
     def default_train_transforms(self) -> list[nn.Module]:
         return [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]

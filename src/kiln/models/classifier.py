@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from kiln.models.schedules import WarmupCosineLR
 
@@ -59,6 +59,7 @@ class ImageClassifier(LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # read by ConfusionMatrixReport
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -75,19 +76,21 @@ class ImageClassifier(LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
-    def _evaluate(self, batch: Batch, stage: str, metric: MulticlassAccuracy) -> None:
+    def _evaluate(self, batch: Batch, stage: str, metric: MulticlassAccuracy) -> Tensor:
         x, y = batch
         logits = self(x)
         # epoch means over all ranks: sync_dist for the loss, torchmetrics syncs its own state
         self.log(f"{stage}/loss", self._loss(logits, y), sync_dist=True)
         metric(logits, y)
         self.log(f"{stage}/acc", metric, prog_bar=True)
+        return logits
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_acc)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_acc)
+        logits = self._evaluate(batch, "test", self.test_acc)
+        self.test_confusion.update(logits, batch[1])
 
     def predict_step(self, batch: Batch | Tensor, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Class probabilities; the Trainer already runs this under ``torch.inference_mode``."""

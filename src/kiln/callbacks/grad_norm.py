@@ -1,0 +1,82 @@
+"""Log gradient norms without a per-step device sync, and warn on spikes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import grad_norm, rank_zero_warn
+from torch import Tensor
+from torch.optim import Optimizer
+
+
+class GradNormMonitor(Callback):
+    """Total gradient norm every step, per-parameter norms every ``layer_every_n_steps``.
+
+    Norms stay on the device: Lightning reads logged tensors only when it writes logs, and the
+    spike check moves the buffered norms to the host once every ``check_every_n_steps``. A step
+    whose norm exceeds ``spike_factor`` times the running median of earlier steps is warned about
+    (norms are measured before clipping, after AMP unscaling).
+
+    Args:
+        layer_every_n_steps: Period of the per-parameter norms (0 turns them off).
+        check_every_n_steps: Period of the spike check (one host sync each).
+        spike_factor: How many times the running median counts as a spike.
+        history: Number of recent steps forming the running median.
+    """
+
+    def __init__(
+        self,
+        layer_every_n_steps: int = 100,
+        check_every_n_steps: int = 50,
+        spike_factor: float = 10.0,
+        history: int = 200,
+    ) -> None:
+        self.layer_every_n_steps = layer_every_n_steps
+        self.check_every_n_steps = check_every_n_steps
+        self.spike_factor = spike_factor
+        self.history = history
+        self._pending: list[Tensor] = []
+        self._past: list[float] = []
+        self.spikes: list[tuple[int, float, float]] = []  # (step, norm, median)
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not grads:
+            return
+        total = torch.nn.utils.get_total_norm(grads).detach()
+        pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)
+        step = trainer.global_step
+        if self.layer_every_n_steps and step % self.layer_every_n_steps == 0:
+            norms = grad_norm(pl_module, norm_type=2, group_separator="/")
+            norms.pop("grad_2.0_norm_total", None)
+            pl_module.log_dict({k.replace("grad_2.0_norm/", "grad/"): v for k, v in norms.items()}, on_step=True)
+        self._pending.append(total)
+        if len(self._pending) >= self.check_every_n_steps:
+            self._check_spikes(step)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._pending:
+            self._check_spikes(trainer.global_step - 1)
+
+    def _check_spikes(self, last_step: int) -> None:
+        values = torch.stack(self._pending).float().cpu().tolist()  # the one host sync per period
+        first_step = last_step - len(values) + 1
+        self._pending.clear()
+        for offset, value in enumerate(values):
+            if len(self._past) >= 10:
+                median = sorted(self._past)[len(self._past) // 2]
+                if value > self.spike_factor * median:
+                    self.spikes.append((first_step + offset, value, median))
+                    rank_zero_warn(
+                        f"gradient norm spike at step {first_step + offset}: {value:.3g} is "
+                        f"{value / median:.0f}x the running median {median:.3g}"
+                    )
+            self._past = [*self._past, value][-self.history :]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"past": list(self._past)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._past = list(state_dict["past"])

@@ -1,0 +1,163 @@
+"""Health checks: inject each fault and check that the run stops (or warns) the way it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count as readable
+from PIL import Image
+
+from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, OverfitReport
+from kiln.callbacks.batch_checks import check_batch
+from kiln.cli import KilnCLI, build_cli, main
+from kiln.errors import HealthCheckError
+
+LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]
+
+
+def callback(cli: KilnCLI, kind: type) -> object:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, kind))  # type: ignore[attr-defined]
+
+
+def params(cli: KilnCLI) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in cli.model.state_dict().items()}
+
+
+def nan_net_config(tmp_path: Path, steps: list[int], extra: str = "") -> str:
+    config = tmp_path / "nan.yaml"
+    config.write_text(
+        "model:\n  init_args:\n    net:\n      class_path: faulty.NaNAtSteps\n"
+        f"      init_args: {{steps: {steps}, in_channels: 1, num_classes: 10}}\n"
+        "trainer:\n  max_epochs: 4\n  limit_train_batches: 3\n  limit_val_batches: 2\n" + extra
+    )
+    return str(config)
+
+
+def test_nan_at_step_k_stops_there_and_no_checkpoint_holds_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    k = 7  # epoch 2, batch 1: epochs 0 and 1 ended with checkpoints at step 6
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "-c", nan_net_config(tmp_path, [k])])
+    assert exit_info.value.code == 1
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1
+    assert f"non-finite training step {k} " in error[0] and "loss=nan" in error[0]
+    assert "first non-finite gradient: net." in error[0]
+    checkpoints = list(Path("runs/digits").glob("*/checkpoints/*.ckpt"))
+    assert {p.name.split("-")[0] for p in checkpoints} == {"best", "last.ckpt"}
+    for path in checkpoints:
+        ckpt = torch.load(path, weights_only=True)
+        assert ckpt["global_step"] < k
+        assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_skip_mode_skips_two_steps_then_stops_at_the_third(tmp_path: Path) -> None:
+    skip = ["--non_finite.action", "skip", "--non_finite.max_skips", "2", "--trainer.logger", "false"]
+    cli = build_cli(["-c", nan_net_config(tmp_path, [4, 8]), *skip], run=False)
+    guard = callback(cli, NonFiniteGuard)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert guard.skipped == 2  # type: ignore[attr-defined]
+    assert cli.trainer.global_step == 4 * 3  # skipped steps still count as steps
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+    assert float(cli.trainer.callback_metrics["health/skipped_steps"]) == 2
+
+    cli = build_cli(["-c", nan_net_config(tmp_path, [1, 2, 3]), *skip], run=False)
+    with pytest.raises(HealthCheckError, match=r"non-finite training step 3 .*2 steps were already skipped"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+def test_label_out_of_range_stops_before_the_first_optimizer_step() -> None:
+    cli = build_cli([*LIMIT, "--data", "faulty.LabelsOutOfRange", "--data.num_workers", "0"], run=False)
+    before = params(cli)
+    with pytest.raises(HealthCheckError) as err:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    message = str(err.value)
+    assert message.startswith("train batch 0") and "labels [10]" in message and "[0, 10)" in message
+    assert cli.trainer.global_step == 0
+    after = params(cli)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_wrong_channel_count_names_expected_and_got() -> None:
+    cli = build_cli([*LIMIT, "--model.init_args.net.init_args.in_channels", "3"], run=False)
+    with pytest.raises(HealthCheckError, match=r"images have 1 channels, the network expects 3"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 0
+
+
+def test_constant_labels_warn() -> None:
+    cli = build_cli([*LIMIT, "--data", "faulty.ConstantLabels", "--data.num_workers", "0"], run=False)
+    with pytest.warns(UserWarning, match="all 64 labels are 3"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    check = callback(cli, BatchSanityCheck)
+    assert any("never appear" in w for w in check.warnings)  # type: ignore[attr-defined]
+    assert any("class 3 is 100%" in w for w in check.warnings)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [
+        ((torch.zeros(2, 1, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)), "dtype torch.uint8"),
+        ((torch.zeros(2, 8, 8), torch.zeros(2, dtype=torch.long)), r"shape \(2, 8, 8\)"),
+        ((torch.full((2, 1, 8, 8), float("nan")), torch.zeros(2, dtype=torch.long)), r"NaN/Inf in samples \[0, 1\]"),
+        ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"labels \[-1\] outside"),
+        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "expected 1-D integers"),
+    ],
+)
+def test_check_batch_names_the_field(batch: tuple, match: str) -> None:
+    with pytest.raises(HealthCheckError, match=match):
+        check_batch(batch, "train batch 0", num_classes=10, in_channels=1)
+
+
+def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
+    config = tmp_path / "spike.yaml"
+    config.write_text(
+        "model:\n  init_args:\n    net:\n      class_path: faulty.GradSpikeAtStep\n"
+        "      init_args: {step: 25, in_channels: 1, num_classes: 10}\n"
+        "trainer:\n  max_epochs: 2\n  limit_train_batches: 20\n  limit_val_batches: 1\n"
+    )
+    cli = build_cli(["-c", str(config), "--trainer.logger", "false"], run=False)
+    monitor = callback(cli, GradNormMonitor)
+    with pytest.warns(UserWarning, match="gradient norm spike at step 25"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert [step for step, _, _ in monitor.spikes] == [25]  # type: ignore[attr-defined]
+    assert "grad/total_norm" in cli.trainer.callback_metrics
+    assert any(k.startswith("grad/net.") for k in cli.trainer.callback_metrics)  # per-layer norms at step 0
+
+
+def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    main(["fit", *LIMIT])
+    (run_dir,) = Path("runs/digits").iterdir()
+    grid, matrix = Image.open(run_dir / "batch_grid.png"), Image.open(run_dir / "confusion_matrix.png")
+    grid.verify()
+    matrix.verify()
+    assert grid.size == (8 * 64, 4 * (64 + 14))  # 32 of the 64 images, 8 columns of 64-pixel cells + labels
+    assert matrix.size == (60 + 10 * 36, 60 + 10 * 36)  # margin + 10 classes of 36 pixels
+    media = run_dir.glob("wandb/offline-run-*/files/media/images/**/*.png")
+    names = sorted(p.name.rsplit("_", 2)[0] for p in media)
+    assert names == ["batch_grid", "confusion_matrix"]
+
+
+def test_overfit_preset_reaches_loss_below_005() -> None:
+    cli = build_cli(["fit", "-c", str(CONFIGS / "debug" / "overfit.yaml"), "--trainer.logger", "false"])
+    report = callback(cli, OverfitReport)
+    assert report.last < 0.05 < 1 < report.first  # type: ignore[attr-defined]
+    assert report.message.startswith("overfit check passed")  # type: ignore[attr-defined]
+
+
+def test_parameter_summary_counts_total_trainable_and_frozen(capsys: pytest.CaptureFixture) -> None:
+    cli = build_cli([*LIMIT, "--trainer.logger", "false"], run=False)
+    for p in cli.model.net.features.parameters():
+        p.requires_grad_(False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    out = " ".join(capsys.readouterr().out.split())
+    frozen = sum(p.numel() for p in cli.model.net.features.parameters())
+    total = sum(p.numel() for p in cli.model.parameters())
+    assert 0 < frozen < total
+    assert f"Non-trainable params: {readable(frozen).strip()}" in out
+    assert f"Trainable params: {readable(total - frozen).strip()}" in out
+    assert f"Total params: {readable(total).strip()}" in out
+    assert f"Total estimated model params size (MB): {total * 4 / 1e6:.3f}" in out
