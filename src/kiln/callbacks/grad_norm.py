@@ -12,10 +12,10 @@ from torch.optim import Optimizer
 
 
 class GradNormMonitor(Callback):
-    """Total gradient norm every step, per-parameter norms every ``layer_every_n_steps``.
+    """Total gradient norm at every logging step, per-parameter norms every ``layer_every_n_steps``.
 
-    Norms stay on the device: Lightning reads logged tensors only when it writes logs, and the
-    spike check moves the buffered norms to the host once every ``check_every_n_steps``. A step
+    The norm of every step is kept on the device for the spike check, which moves them to the host
+    once every ``check_every_n_steps``; Lightning reads logged tensors only when it writes logs. A step
     whose norm exceeds ``spike_factor`` times the running median of earlier steps is warned about
     (norms are measured before clipping, after AMP unscaling).
 
@@ -46,8 +46,9 @@ class GradNormMonitor(Callback):
         if not grads:
             return
         total = torch.nn.utils.get_total_norm(grads).detach()
-        pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)
         step = trainer.global_step
+        if (step + 1) % trainer.log_every_n_steps == 0:  # the steps Lightning writes; self.log costs ~0.3 ms
+            pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)
         if self.layer_every_n_steps and step % self.layer_every_n_steps == 0:
             norms = grad_norm(pl_module, norm_type=2, group_separator="/")
             norms.pop("grad_2.0_norm_total", None)
