@@ -14,8 +14,10 @@ from conftest import CONFIGS
 from kiln.cli import main
 
 ALL_CONFIGS = sorted(CONFIGS.rglob("*.yaml"))
-NEEDS_GPU = {"trainer/gpu.yaml", "trainer/ddp.yaml"}
-MULTI_PROCESS = {"trainer/ddp_cpu.yaml"}  # relaunches the command line: tested in a subprocess below
+NEEDS_GPU = {"trainer/gpu.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}
+# relaunches the command line, or needs a cluster's environment: tested in test_ddp_cpu_preset_runs_two_processes
+# and test_trainer_features.test_slurm_preset_takes_the_cluster_from_the_environment
+ELSEWHERE = {"trainer/ddp_cpu.yaml", "trainer/slurm.yaml"}
 FAST = ["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]
 
 
@@ -29,7 +31,8 @@ def test_config_folder_has_the_documented_presets() -> None:
                    "logger/csv.yaml", "logger/tensorboard.yaml", "debug/fast_dev_run.yaml", "debug/overfit.yaml",
                    "debug/limit.yaml", "debug/profiler.yaml", "experiment/digits.yaml", "experiment/mnist.yaml",
                    "experiment/fashion_mnist.yaml", "experiment/cifar10.yaml", "callbacks/early_stopping.yaml",
-                   "trainer/deterministic.yaml"]:  # fmt: skip
+                   "trainer/deterministic.yaml", "trainer/ddp_cpu.yaml", "trainer/fsdp.yaml", "trainer/slurm.yaml",
+                   "debug/anomaly.yaml", "callbacks/skip_nonfinite.yaml"]:  # fmt: skip
         assert preset in names
 
 
@@ -43,7 +46,7 @@ def test_every_config_is_accepted(config: Path, capsys: pytest.CaptureFixture) -
 
 
 def runnable(config: Path) -> bool:
-    return name(config) not in MULTI_PROCESS and not name(config).startswith("experiment/")
+    return name(config) not in ELSEWHERE and not name(config).startswith("experiment/")
 
 
 @pytest.mark.parametrize("config", [c for c in ALL_CONFIGS if runnable(c)], ids=name)

@@ -44,6 +44,18 @@ def _class_nodes(value: Any) -> Iterator[Namespace]:
             yield item
 
 
+def _fall_back_from_bf16(trainer: Namespace) -> str | None:
+    """On a CUDA GPU without bf16 (before Ampere), use fp16 autocast with gradient scaling instead."""
+    if trainer.precision != "bf16-mixed" or trainer.accelerator not in ("gpu", "cuda", "auto"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.is_bf16_supported():
+        return None
+    trainer.precision = "16-mixed"
+    return f"{torch.cuda.get_device_name()} has no bf16: using precision 16-mixed (fp16 with gradient scaling)"
+
+
 class WandbConfigSaver(SaveConfigCallback):
     """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run."""
 
@@ -79,6 +91,8 @@ class KilnCLI(LightningCLI):
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         self.run_dir = resolve_run_dir(config.run.root, config.run.name)
         config.trainer.default_root_dir = str(self.run_dir)
+        if notice := _fall_back_from_bf16(config.trainer):
+            print(notice, file=sys.stderr)
         for logger in _class_nodes(config.trainer.logger):
             logger.init_args.save_dir = str(self.run_dir)
             if logger.class_path.endswith("WandbLogger"):

@@ -1,6 +1,7 @@
 """Plain ``nn.Module`` architectures: no training logic, injected into LightningModules."""
 
 from kiln.nets.cnn import SmallCNN
+from kiln.nets.mlp import MLP
 from kiln.nets.resnet import ResNet
 
-__all__ = ["ResNet", "SmallCNN"]
+__all__ = ["MLP", "ResNet", "SmallCNN"]

@@ -1,6 +1,30 @@
 """A CIFAR-style ResNet (He et al. 2016, section 4.2) for any channel count and image size."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+@contextmanager
+def _batchnorm_stats_frozen(module: nn.Module) -> Iterator[None]:
+    """Keep BatchNorm running statistics as they are while a checkpointed block is recomputed.
+
+    Recomputation runs the block's forward a second time, which would otherwise update the
+    running mean/var twice per step and drift from an unchecked run.
+    """
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.momentum, m.num_batches_tracked.clone() if m.num_batches_tracked is not None else None) for m in norms]
+    for m in norms:
+        m.momentum = 0.0  # running = (1 - 0) * running + 0 * batch
+    try:
+        yield
+    finally:
+        for m, (momentum, tracked) in zip(norms, saved, strict=True):
+            m.momentum = momentum
+            if tracked is not None and m.num_batches_tracked is not None:
+                m.num_batches_tracked.copy_(tracked)
 
 
 class BasicBlock(nn.Module):
@@ -29,6 +53,8 @@ class ResNet(nn.Module):
     """ResNet-(6n+2): three stages of ``blocks_per_stage`` blocks, widths ``width``, 2x, 4x.
 
     The default (n=3, width 16) is ResNet-20. Global pooling frees it from a fixed image size.
+    ``activation_checkpointing`` recomputes each block's activations in the backward pass instead
+    of storing them: less memory for more compute, same losses and gradients.
     """
 
     def __init__(
@@ -37,9 +63,11 @@ class ResNet(nn.Module):
         num_classes: int = 10,
         width: int = 16,
         blocks_per_stage: int = 3,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         self.in_channels = in_channels
+        self.activation_checkpointing = activation_checkpointing
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
             nn.BatchNorm2d(width),
@@ -59,4 +87,10 @@ class ResNet(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.stages(self.stem(x)))
+        x = self.stem(x)
+        if not (self.activation_checkpointing and self.training and x.requires_grad):
+            return self.head(self.stages(x))
+        for block in self.stages:
+            contexts = (nullcontext(), _batchnorm_stats_frozen(block))  # (first forward, recomputation)
+            x = checkpoint(block, x, use_reentrant=False, context_fn=lambda c=contexts: c)  # type: ignore[misc]
+        return self.head(x)

@@ -1,0 +1,57 @@
+"""Instruments for effect tests, importable by ``class_path``: fixed data order, recording optimizers, rank dumps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader, DistributedSampler
+
+from kiln.data import DigitsDataModule
+
+
+class FixedOrderDigits(DigitsDataModule):
+    """Digits whose training batches come in dataset order, so runs can be compared batch by batch.
+
+    Under DDP, Lightning would swap in a *shuffling* DistributedSampler for any training loader; an
+    explicit non-shuffling one is kept, giving rank r the samples r, r + world_size, ...
+    """
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = super().train_dataloader().dataset
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if world_size == 1:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+        assert self.trainer is not None
+        sampler: DistributedSampler = DistributedSampler(dataset, world_size, self.trainer.global_rank, shuffle=False)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler)
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that records the total gradient norm it is handed at each step (after any clipping)."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.seen_norms: list[float] = []
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None  # Lightning passes the forward/backward as a closure
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.seen_norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        super().step()
+        return loss
+
+
+class SaveRankWeights(Callback):
+    """Writes each rank's final parameters and logged metrics to ``<dirpath>/rank<N>.pt``."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        torch.save({"state": state, "metrics": metrics}, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
