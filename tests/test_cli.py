@@ -6,6 +6,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,11 @@ def test_wandb_run_config_holds_resolved_config(monkeypatch: pytest.MonkeyPatch)
     main(["fit", *LIMIT, "--run.test_after_fit", "false"])
     (run_dir,) = run_dirs()
     (run_log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # the offline run's record, as synced later
-    record = run_log.read_bytes()
+    for _ in range(100):  # W&B's service may still be writing the record when finish() returns
+        record = run_log.read_bytes()
+        if b"kiln.data.DigitsDataModule" in record:
+            break
+        time.sleep(0.1)
     assert b"kiln.data.DigitsDataModule" in record and b'limit_train_batches":5' in record
 
 

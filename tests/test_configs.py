@@ -92,3 +92,10 @@ def test_ddp_cpu_preset_runs_two_processes(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout
+
+
+def test_pytorch_profiler_preset_writes_a_trace_into_the_run_folder() -> None:
+    main(["fit", "-c", str(CONFIGS / "debug" / "profiler_pytorch.yaml"), "--trainer.logger", "false"])
+    (run_dir,) = Path("runs/digits").iterdir()
+    traces = list(run_dir.glob("*.pt.trace.json"))
+    assert traces and traces[0].stat().st_size > 1000

@@ -105,6 +105,8 @@ class KilnCLI(LightningCLI):
             else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
                 logger.init_args.name = ""
                 logger.init_args.version = ""
+        for profiler in _class_nodes(config.trainer.profiler):  # reports and traces go into the run folder too
+            profiler.init_args.dirpath = str(self.run_dir)
         callbacks = list(_class_nodes(config.trainer.callbacks))
         for callback in callbacks:
             if callback.class_path.endswith("ModelCheckpoint"):

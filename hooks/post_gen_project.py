@@ -1,0 +1,103 @@
+"""Turn the copied template into the new project: rename the package and strip template-only parts.
+
+Cookiecutter renders this file with the answers, then runs it inside the new project folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+OLD = "kiln"
+PACKAGE = "{{ cookiecutter.package_name }}"
+SLUG = "{{ cookiecutter.project_slug }}"
+# free text goes through JSON, so quotes and backslashes in the answers cannot break this file
+# (''' and not """: a JSON string ends with a double quote)
+# fmt: off
+NAME = json.loads(r'''{{ cookiecutter.project_name | jsonify }}''')
+AUTHOR = json.loads(r'''{{ cookiecutter.author | jsonify }}''')
+DESCRIPTION = json.loads(r'''{{ cookiecutter.description | jsonify }}''')
+# fmt: on
+TEMPLATE = "{{ cookiecutter._template | default('') }}"
+OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neither
+
+# what the template folder links to (see its symlinks), and what only the template needs
+# (.gitignore travels as `gitignore`: git refuses a symlinked .gitignore)
+LINKED = [".ci", ".github", "gitignore", ".pre-commit-config.yaml", "Makefile", "README.md", "configs",
+          "notebooks", "pyproject.toml", "scripts", "src", "tests", "uv.lock"]  # fmt: skip
+TEMPLATE_ONLY = ["tests/test_template.py"]
+TEXT_SUFFIXES = {".py", ".toml", ".yaml", ".yml", ".md", ".lock", ".ipynb", ".sh", ".sbatch", ".cfg", ".txt", ""}
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def template_root() -> Path | None:
+    """The template checkout this project was generated from, if it can be found on disk."""
+    candidates = [Path(TEMPLATE), Path(OUTPUT_DIR) / TEMPLATE]
+    name = TEMPLATE.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+    candidates.append(Path.home() / ".cookiecutters" / name)  # where cookiecutter clones a URL
+    return next((p for p in candidates if (p / "cookiecutter.json").is_file()), None)
+
+
+def restore_unlinked_entries() -> None:
+    """Where git checked the template's symlinks out as plain files (core.symlinks=false), copy the real ones."""
+    placeholders = [e for e in LINKED if Path(e).is_file() and Path(e).read_text(errors="ignore").strip() == f"../{e}"]
+    if not placeholders:
+        return
+    root = template_root()
+    if root is None:
+        fail(f"this template checkout has symlinks turned off and its files were not found at {TEMPLATE!r}: "
+             "clone it with `git clone -c core.symlinks=true` and generate from that folder")  # fmt: skip
+    for entry in placeholders:
+        Path(entry).unlink()
+        source = root / (".gitignore" if entry == "gitignore" else entry)
+        if source.is_dir():
+            shutil.copytree(source, entry, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, entry)
+
+
+def check_names() -> None:
+    if not (PACKAGE.isidentifier() and PACKAGE.islower()):
+        fail(f"package_name {PACKAGE!r} must be a lowercase Python identifier, e.g. 'my_project'")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", SLUG):
+        fail(f"project_slug {SLUG!r} must be lowercase letters, digits and '-', e.g. 'my-project'")
+
+
+def rewrite(path: Path) -> None:
+    text = path.read_text()
+    if path.name in ("pyproject.toml", "uv.lock"):  # the distribution's name
+        text = re.sub(rf'^name = "{OLD}"$', f'name = "{SLUG}"', text, flags=re.MULTILINE)
+    if path.name == "pyproject.toml":
+        text = re.sub(r"^description = .*$", "description = " + json.dumps(DESCRIPTION), text, flags=re.MULTILINE)
+        author = "authors = [" + "{" + " name = " + json.dumps(AUTHOR) + " " + "}]"  # no double braces: Jinja
+        text = text.replace('readme = "README.md"', 'readme = "README.md"\n' + author, 1)
+    if path.name == "README.md" and path.parent == Path("."):
+        body = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.DOTALL)
+        text = f"# {NAME}\n\n{DESCRIPTION}\n\n" + body[body.index("## ") :]
+    text = re.sub(rf"\b{OLD}\b", PACKAGE, text)
+    text = re.sub(rf"\b{OLD.upper()}\b", PACKAGE.upper(), text)
+    path.write_text(text)
+
+
+def main() -> None:
+    check_names()
+    restore_unlinked_entries()
+    Path("gitignore").rename(".gitignore")
+    for leftover in [*Path(".").rglob("__pycache__"), *map(Path, TEMPLATE_ONLY)]:
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+    Path("src", OLD).rename(Path("src", PACKAGE))
+    for path in sorted(Path(".").rglob("*")):
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and ".git" not in path.parts:
+            rewrite(path)
+    print(f"Created {NAME} in {Path.cwd()}: `cd {SLUG} && git init && make install && make test`")
+
+
+if __name__ == "__main__":
+    main()

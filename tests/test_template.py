@@ -1,0 +1,130 @@
+"""This repository is a cookiecutter template: generation, the generated project's tests, updates with cruft."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK_DIR = "{{cookiecutter.project_slug}}"
+ANSWERS = {"project_name": "Retina Scan", "author": 'Ada "L" Byron', "description": "Finds things in retinas."}
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def snapshot(dest: Path) -> Path:
+    """This working tree's files (tracked and not ignored, as they are now) as a fresh one-commit git repo."""
+    listed = git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
+    for name in filter(None, listed):
+        source, target = ROOT / name, dest / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-qm", "template")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return snapshot(tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(scope="module")
+def project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cookiecutter.main import cookiecutter
+
+    out = tmp_path_factory.mktemp("generated")
+    return Path(cookiecutter(str(template), no_input=True, extra_context=ANSWERS, output_dir=str(out)))
+
+
+def test_every_top_level_entry_is_linked_or_template_only(template: Path) -> None:
+    linked = {p.name for p in (template / LINK_DIR).iterdir()}
+    assert all((template / LINK_DIR / name).is_symlink() for name in linked)
+    top = {p.name for p in template.iterdir()} - {".git"}
+    template_only = {LINK_DIR, "cookiecutter.json", "hooks"}
+    assert top - template_only == (linked - {"gitignore"}) | {".gitignore"}
+
+
+def test_generation_renames_the_package_everywhere(project: Path) -> None:
+    assert project.name == "retina-scan"
+    assert (project / "src" / "retina_scan" / "cli.py").is_file() and not (project / "src" / "kiln").exists()
+    for leftover in ("cookiecutter.json", "hooks", LINK_DIR, "gitignore", "tests/test_template.py"):
+        assert not (project / leftover).exists()
+    assert (project / ".gitignore").is_file() and (project / "notebooks" / "quickstart.ipynb").is_file()
+    mentions = [p for p in project.rglob("*") if p.is_file() and re.search(r"\bkiln\b", p.read_text(errors="ignore"))]
+    assert mentions == []
+    assert (project / "README.md").read_text().startswith("# Retina Scan\n\nFinds things in retinas.\n")
+    pyproject = (project / "pyproject.toml").read_text()
+    assert 'name = "retina-scan"' in pyproject and 'retina_scan = "retina_scan.cli:main"' in pyproject
+    assert 'authors = [{ name = "Ada \\"L\\" Byron" }]' in pyproject
+    assert "class_path: retina_scan.nets.SmallCNN" in (project / "configs" / "train.yaml").read_text()
+    assert "retina_scan fit" in (project / "Makefile").read_text()
+
+
+def run_generated(project: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "WANDB_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.slow
+def test_generated_project_fast_tests_pass(project: Path) -> None:
+    done = run_generated(project, "-m", "retina_scan", "fit", "--print_config")
+    assert done.returncode == 0 and "retina_scan.data.DigitsDataModule" in done.stdout
+    tests = ["tests/test_nets.py", "tests/test_data.py", "tests/test_model.py"]
+    done = run_generated(project, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *tests)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert re.search(r"\d+ passed", done.stdout)
+
+
+def test_generation_works_where_git_checks_symlinks_out_as_files(tmp_path: Path) -> None:
+    from cookiecutter.main import cookiecutter
+
+    template = snapshot(tmp_path / "nolinks")
+    for link in (template / LINK_DIR).iterdir():  # what `git clone -c core.symlinks=false` leaves
+        target = os.readlink(link)
+        link.unlink()
+        link.write_text(target)
+    out = Path(cookiecutter(str(template), no_input=True, extra_context=ANSWERS, output_dir=str(tmp_path / "out")))
+    assert (out / "src" / "retina_scan" / "cli.py").is_file()
+    assert (out / "Makefile").read_text().startswith("# Run `make`")
+    assert not (out / "src" / "retina_scan" / "__pycache__").exists()
+
+
+@pytest.mark.slow
+def test_cruft_update_brings_template_changes_and_keeps_user_edits(template: Path, tmp_path: Path) -> None:
+    import cruft
+
+    cruft.create(str(template), output_dir=tmp_path, no_input=True, extra_context=ANSWERS)
+    project = tmp_path / "retina-scan"
+    assert (project / ".cruft.json").is_file()
+    git(project, "init", "-q", "-b", "main")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "generated")
+    # the user edits their project ...
+    config = project / "configs" / "train.yaml"
+    config.write_text(config.read_text().replace("max_epochs: 30", "max_epochs: 12"))
+    git(project, "commit", "-qam", "fewer epochs")
+    # ... while the template gains a feature
+    cnn = template / "src" / "kiln" / "nets" / "cnn.py"
+    cnn.write_text(cnn.read_text() + '\n\nFEATURE = "from kiln, later"\n')
+    git(template, "commit", "-qam", "template change")
+
+    assert cruft.update(project, cookiecutter_input=False, skip_apply_ask=True)
+    updated = (project / "src" / "retina_scan" / "nets" / "cnn.py").read_text()
+    assert 'FEATURE = "from retina_scan, later"' in updated  # arrived, renamed like the rest
+    assert "max_epochs: 12" in config.read_text()  # the user's edit survived
