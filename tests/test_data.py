@@ -8,9 +8,10 @@ from urllib.error import URLError
 import pytest
 import torch
 from dataset_files import write_mnist
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
 
 from kiln.data import CIFAR10DataModule, DigitsDataModule, FashionMNISTDataModule, MNISTDataModule
+from kiln.data.sampling import ResumableSampler
 from kiln.errors import MissingDataError
 
 
@@ -31,7 +32,7 @@ def test_loader_hygiene_on_cpu() -> None:
     dm = DigitsDataModule(batch_size=16, eval_batch_size=100, num_workers=2)
     dm.setup()
     train, val, test = dm.train_dataloader(), dm.val_dataloader(), dm.test_dataloader()
-    assert isinstance(train.sampler, RandomSampler)  # only training data is shuffled
+    assert isinstance(train.sampler, ResumableSampler) and train.sampler.shuffle  # only training data is shuffled
     assert isinstance(val.sampler, SequentialSampler) and isinstance(test.sampler, SequentialSampler)
     assert train.batch_size == 16 and val.batch_size == 100
     assert not train.pin_memory  # no CUDA here: pinning would only cost

@@ -6,11 +6,13 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
+from kiln.callbacks.resume import ExactResume
 
 __all__ = [
     "BatchGrid",
     "BatchSanityCheck",
     "ConfusionMatrixReport",
+    "ExactResume",
     "GradNormMonitor",
     "NonFiniteGuard",
     "OverfitReport",

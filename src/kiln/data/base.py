@@ -11,6 +11,8 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from kiln.data.sampling import ResumableSampler
+
 Transform = Callable[[Tensor], Tensor]
 
 
@@ -18,7 +20,9 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
     """Images held as one ``N x C x H x W`` tensor (uint8 or float in [0, 1]).
 
     Each item is converted to float, augmented (train only), then normalised, so augmentation
-    fills with true black and normalisation statistics stay those of the raw pixels.
+    fills with true black and normalisation statistics stay those of the raw pixels. Given an
+    ``(epoch, index)`` key (see :class:`ResumableSampler`), the augmentation is seeded from
+    ``(seed, epoch, index)``.
     """
 
     def __init__(
@@ -28,6 +32,7 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         mean: Sequence[float],
         std: Sequence[float],
         transform: Transform | None = None,
+        seed: int = 0,
     ) -> None:
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
@@ -36,15 +41,22 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
         self.transform = transform
+        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
+        epoch, index = key if isinstance(key, tuple) else (None, key)
         x = self.images[index]
         x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
         if self.transform is not None:
-            x = self.transform(x)
+            if epoch is None:
+                x = self.transform(x)
+            else:  # the same augmentation for this sample in this epoch, in any worker, after any restart
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+                    x = self.transform(x)
         return (x - self.mean) / self.std, self.labels[index]
 
 
@@ -96,8 +108,10 @@ class ImageDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
         self.train_transforms = train_transforms
+        self.seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set: shuffling and augmentation follow it
         self.mean = tuple(mean) if mean is not None else self.default_mean
         self.std = tuple(std) if std is not None else self.default_std
+        self.resume_position: tuple[int, int] | None = None  # (epoch, batches done), set by ExactResume
         self.train_set: ImageTensorDataset | None = None
         self.val_set: ImageTensorDataset | None = None
         self.test_set: ImageTensorDataset | None = None
@@ -114,19 +128,29 @@ class ImageDataModule(LightningDataModule):
     def make_dataset(self, images: Tensor, labels: Tensor, train: bool) -> ImageTensorDataset:
         """Wrap tensors with this module's normalisation (and augmentation when ``train``)."""
         transform = self.train_transform() if train else None
-        return ImageTensorDataset(images, labels, self.mean, self.std, transform)
+        return ImageTensorDataset(images, labels, self.mean, self.std, transform, seed=self.seed)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        trainer = self.trainer
+        on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
+        sampler = None
+        if train:  # only training data is shuffled; evaluation order stays fixed
+            ranks = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+            sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=ranks[0], rank=ranks[1])  # type: ignore[arg-type]
+            if self.resume_position is not None:  # the loader may be built, and started, before the loops restore
+                epoch, batches = self.resume_position
+                sampler.set_epoch(epoch)
+                sampler.skip, self.resume_position = batches * self.batch_size, None
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,  # only training data is shuffled; evaluation order stays fixed
+            sampler=sampler,
             num_workers=self.num_workers,
             pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
+            generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -1,0 +1,83 @@
+"""Make a resumed run continue bitwise as if it had never stopped."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state that training draws from, as types ``torch.load(weights_only=True)`` accepts."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    keys = np.asarray(keys)
+    version, python_state, python_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": version, "state": list(python_state), "gauss": python_gauss},
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+class ExactResume(Callback):
+    """Saves RNG states and the position in the epoch's data order; restores both on resume.
+
+    Lightning restores weights, optimizer, scheduler and loop counters, but restarts the data
+    iterator at the start of the epoch (replaying batches) and does not restore RNG states.
+    With :class:`~kiln.data.sampling.ResumableSampler` the order is a function of (seed, epoch),
+    so skipping the batches already trained on, and restoring the RNG right before the next
+    batch, continues the run bitwise on CPU (with the ``deterministic`` preset on GPU).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Any] | None = None
+        self._trainer: Trainer | None = None
+        self._position = (0, 0)  # (epoch, batches of it trained on) a checkpoint saved now resumes at
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": capture_rng(), "epoch": self._position[0], "batches": self._position[1]}
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # after the epoch's last batch, a checkpoint (e.g. at validation end) resumes with a new epoch
+        epoch = trainer.current_epoch
+        self._position = (epoch + 1, 0) if trainer.is_last_batch else (epoch, batch_idx + 1)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # Lightning loads callback states before it builds (and, with workers, starts) the training
+        # loader, so the data position goes to the datamodule now; the RNG waits for the first batch.
+        self._pending = state_dict["rng"]
+        datamodule = getattr(self._trainer, "datamodule", None)
+        if hasattr(datamodule, "resume_position"):
+            datamodule.resume_position = (state_dict["epoch"], state_dict["batches"])  # type: ignore[union-attr]
+        elif state_dict["batches"]:
+            raise RuntimeError("exact mid-epoch resume needs a datamodule with resume_position (ImageDataModule)")
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # after the sanity check, right before the first batch: loaders draw from their own generators
+        if self._pending is not None:
+            restore_rng(self._pending)
+            self._pending = None

@@ -1,0 +1,34 @@
+"""A training sampler whose order depends only on (seed, epoch), and which can restart mid-epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+from torch.utils.data import DistributedSampler
+
+
+class ResumableSampler(DistributedSampler):
+    """Seeded per-epoch shuffling, split across ranks, that can skip what a resumed run already trained on.
+
+    Yields ``(epoch, index)`` so the dataset can seed each sample's augmentation from the pair:
+    augmentation then no longer depends on worker count, worker seeds or where a run restarted.
+    Being a ``DistributedSampler``, Lightning keeps it as is under DDP (it would otherwise swap in
+    its own), and calls :meth:`set_epoch` at every epoch start.
+
+    Args:
+        dataset: The training set.
+        seed: Seed of the order (same seed, same order every epoch e).
+        num_replicas: Number of ranks sharing the data.
+        rank: This process's rank.
+        shuffle: Shuffle (else dataset order).
+    """
+
+    def __init__(self, dataset: Sized, seed: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
+        self.skip = 0  # samples of this rank to leave out at the start of the next pass
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        indices = list(super().__iter__())
+        skip, self.skip = self.skip, 0
+        epoch = self.epoch
+        return iter([(epoch, i) for i in indices[skip:]])

@@ -1,0 +1,61 @@
+"""Never lose a run: a resumed run ends bitwise where the uninterrupted one does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS
+
+from kiln.cli import build_cli
+
+
+def run_args(workers: int) -> list[str]:
+    """Shuffling, dropout and augmentation all on; checkpoints every 4 steps (mid-epoch) and every epoch."""
+    return [
+        "fit", "-c", str(CONFIGS / "trainer" / "deterministic.yaml"),
+        "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2",
+        "--data.num_workers", str(workers), "--data.batch_size", "32",
+        "--model.init_args.net.init_args.dropout", "0.3",
+        "--trainer.logger", "false", "--run.test_after_fit", "false",
+        "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=4",
+        "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename=mid-{step}",
+        "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_epochs=1",
+        "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename=end-{epoch}",
+    ]  # fmt: skip
+
+
+def final_state(run_dir: str) -> dict:
+    return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"] == 18
+    for key, value in a["state_dict"].items():
+        assert torch.equal(value, b["state_dict"][key]), key
+    for group_a, group_b in zip(a["optimizer_states"], b["optimizer_states"], strict=True):
+        for param, state in group_a["state"].items():
+            for name, value in state.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(group_b["state"][param][name])), name
+    assert a["lr_schedulers"] == b["lr_schedulers"]
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
+def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+    root = tmp_path_factory.mktemp(f"runs{request.param}")
+    cli = build_cli([*run_args(request.param), "--run.root", str(root)])
+    return request.param, Path(cli.trainer.default_root_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpoint", ["mid-step=8.ckpt", "end-epoch=1.ckpt"], ids=["mid_epoch", "epoch_end"])
+def test_resume_reproduces_the_uninterrupted_run(
+    uninterrupted: tuple[int, Path], checkpoint: str, tmp_path: Path
+) -> None:
+    workers, run_dir = uninterrupted
+    ckpt = run_dir / "checkpoints" / checkpoint
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["global_step"] in (8, 12)  # epoch 1, batch 2 of 6; end of epoch 1
+    resumed = build_cli([*run_args(workers), "--run.root", str(tmp_path), "--ckpt_path", str(ckpt)])
+    assert_bitwise_equal(final_state(resumed.trainer.default_root_dir), final_state(str(run_dir)))
