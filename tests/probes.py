@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +57,17 @@ class SaveRankWeights(Callback):
         state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         torch.save({"state": state, "metrics": metrics}, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
+
+
+class SigtermAtStep(Callback):
+    """Sends this process a real SIGTERM after optimizer step ``step``, once (a marker file remembers)."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, Path(marker)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if trainer.global_step == self.step and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,33 @@ def test_resume_reproduces_the_uninterrupted_run(
     assert saved["global_step"] in (8, 12)  # epoch 1, batch 2 of 6; end of epoch 1
     resumed = build_cli([*run_args(workers), "--run.root", str(tmp_path), "--ckpt_path", str(ckpt)])
     assert_bitwise_equal(final_state(resumed.trainer.default_root_dir), final_state(str(run_dir)))
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_the_same_command_resumes_exactly(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
+    base = [sys.executable, "-m", "kiln", *run_args(0)[:-8], "--ckpt_path", "last", "--trainer.logger", "WandbLogger"]
+
+    def launch(root: Path, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [*base, "--run.root", str(root), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    probe = ["--trainer.callbacks+=probes.SigtermAtStep", "--trainer.callbacks.step=8",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    first = launch(tmp_path / "runs", *probe)
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert "no checkpoint under" in first.stderr and "SIGTERM: stopped after step 8" in first.stderr
+    (run_dir,) = (tmp_path / "runs" / "digits").iterdir()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+    second = launch(tmp_path / "runs", *probe)  # the same command: the marker keeps the probe quiet
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in second.stderr
+    assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == [run_dir.name]  # same run folder
+    ids = {p.name.rsplit("-", 1)[-1] for p in run_dir.glob("wandb/offline-run-*")}
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2 and len(ids) == 1  # one W&B run, continued
+
+    reference = launch(tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    (reference_dir,) = (tmp_path / "reference" / "digits").iterdir()
+    assert_bitwise_equal(final_state(str(run_dir)), final_state(str(reference_dir)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,10 +13,12 @@ from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln.callbacks.non_finite import NonFiniteGuard
+from kiln.checkpointing import load_checkpoint_file
 from kiln.errors import KilnError
-from kiln.runs import RUN_DIR_ENV, remove_if_empty, resolve_run_dir
+from kiln.runs import RUN_DIR_ENV, latest_checkpoint, remove_if_empty, resolve_run_dir, wandb_run_id
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -72,6 +75,7 @@ class KilnCLI(LightningCLI):
     """LightningCLI that gives every run its own folder and keeps W&B from prompting or hanging."""
 
     run_dir: Path | None = None
+    resume_dir: Path | None = None  # the run folder of the checkpoint `--ckpt_path last` resumes
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -81,6 +85,23 @@ class KilnCLI(LightningCLI):
             finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
             raise
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
+        super().parse_arguments(parser, args)
+        if not self.config.get("subcommand"):
+            return
+        config = self.config[self.config.subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            found = latest_checkpoint(config.run.root, config.run.name)
+            where = Path(config.run.root).resolve() / config.run.name
+            notice = f"resuming from {found}" if found else f"no checkpoint under {where}: starting a new run"
+            print(notice, file=sys.stderr)
+            config.ckpt_path = str(found) if found else None
+            self.resume_dir = found.parent.parent if found else None
+        elif ckpt_path not in (None, "best", "hpc"):
+            load_checkpoint_file(ckpt_path, mmap=True)  # raises a one-line CheckpointError naming the file
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunOptions, "run")
         # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
@@ -89,7 +110,7 @@ class KilnCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
-        self.run_dir = resolve_run_dir(config.run.root, config.run.name)
+        self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         config.trainer.default_root_dir = str(self.run_dir)
         if notice := _fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
@@ -102,6 +123,9 @@ class KilnCLI(LightningCLI):
                     logger.init_args.mode = os.environ.get("WANDB_MODE")
                 if logger.init_args.get("name") is None:
                     logger.init_args.name = f"{config.run.name}/{self.run_dir.name}"
+                if self.resume_dir is not None and logger.init_args.get("id") is None:
+                    logger.init_args.id = wandb_run_id(self.run_dir)  # the resumed run continues its W&B run
+                    logger.init_args.resume = "allow"
             else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
                 logger.init_args.name = ""
                 logger.init_args.version = ""
@@ -169,3 +193,5 @@ def main(args: ArgsType = None) -> None:
         print(f"error: {err}", file=sys.stderr)
         remove_if_empty(Path(os.environ[RUN_DIR_ENV]) if RUN_DIR_ENV in os.environ else None)
         sys.exit(1)
+    except SIGTERMException:
+        sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved

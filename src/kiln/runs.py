@@ -18,16 +18,20 @@ def _job_id() -> str | None:
     return None
 
 
-def resolve_run_dir(root: str | Path, name: str) -> Path:
+def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> Path:
     """Pick this run's folder, the same one in every process of a multi-process launch.
 
-    The launching process picks a fresh timestamped folder and exports it; Lightning's DDP
+    A resumed run keeps the folder of its checkpoint. Otherwise the launching process picks a
+    fresh timestamped folder and exports it; Lightning's DDP
     workers (``LOCAL_RANK`` > 0) inherit it. Cluster launches, whose processes start
     independently, use the job id instead, so a requeued SLURM job finds its old folder.
     """
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return Path(inherited)
+    if resume is not None:  # a resumed run goes on in its own folder
+        os.environ[RUN_DIR_ENV] = str(resume)
+        return resume
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
     job = _job_id()
     if job is not None:
@@ -46,3 +50,16 @@ def remove_if_empty(run_dir: Path | None) -> None:
     """Drop a run folder that a failed start left with nothing in it."""
     if run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
         run_dir.rmdir()
+
+
+def latest_checkpoint(root: str | Path, name: str) -> Path | None:
+    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of any run of experiment ``name``."""
+    runs = Path(root).resolve() / name
+    found = [*runs.glob("*/checkpoints/last.ckpt"), *runs.glob("*/checkpoints/hpc_ckpt_*.ckpt")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def wandb_run_id(run_dir: Path) -> str | None:
+    """The id of the W&B run logged in ``run_dir`` (its ``wandb/latest-run`` points at ``…-<id>``)."""
+    latest = run_dir / "wandb" / "latest-run"
+    return latest.resolve().name.rsplit("-", 1)[-1] if latest.exists() else None

@@ -6,7 +6,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
-from kiln.callbacks.resume import ExactResume
+from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
 
 __all__ = [
     "BatchGrid",
@@ -17,4 +17,5 @@ __all__ = [
     "NonFiniteGuard",
     "OverfitReport",
     "PredictionWriter",
+    "PreemptionCheckpoint",
 ]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 
 def capture_rng() -> dict[str, Any]:
@@ -81,3 +84,25 @@ class ExactResume(Callback):
         if self._pending is not None:
             restore_rng(self._pending)
             self._pending = None
+
+
+class PreemptionCheckpoint(Callback):
+    """On SIGTERM (a scheduler's preemption, ``kill``), save ``checkpoints/last.ckpt`` and stop with exit code 143.
+
+    Lightning notices SIGTERM and stops at the end of the current step, but saves nothing and
+    exits with 0. This saves the run at that step boundary (with :class:`ExactResume`'s state),
+    so re-running the same command with ``--ckpt_path last`` continues it exactly.
+    """
+
+    def __init__(self) -> None:
+        self.saved: Path | None = None
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        self.saved = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        trainer.save_checkpoint(self.saved)
+        rank_zero_info(
+            f"SIGTERM: stopped after step {trainer.global_step}, saved {self.saved}; "
+            "run the same command with `--ckpt_path last` to continue"
+        )
