@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from kiln.data import DigitsDataModule
+from kiln.models import ImageClassifier
 from kiln.nets import SmallCNN
 
 
@@ -69,3 +70,11 @@ class ConstantLabels(DigitsDataModule):
         super().setup(stage)
         assert self.train_set is not None
         self.train_set.labels[:] = 3
+
+
+class WithApiKey(ImageClassifier):
+    """A classifier that takes a secret, as a model calling an external service would."""
+
+    def __init__(self, *args: object, api_key: str = "", **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.api_key = api_key

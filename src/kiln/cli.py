@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
+from jsonargparse import Namespace, dict_to_namespace
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -19,6 +19,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.checkpointing import load_checkpoint_file
 from kiln.errors import KilnError
 from kiln.runs import RUN_DIR_ENV, latest_checkpoint, remove_if_empty, resolve_run_dir, wandb_run_id
+from kiln.secrets import redact
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -60,7 +61,10 @@ def _fall_back_from_bf16(trainer: Namespace) -> str | None:
 
 
 class WandbConfigSaver(SaveConfigCallback):
-    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run."""
+    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
+        super().__init__(parser, dict_to_namespace(redact(config.as_dict())), **kwargs)
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning.pytorch.loggers import WandbLogger
@@ -109,6 +113,8 @@ class KilnCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
+        self.config_dump = redact(self.config_dump)  # ... without secrets
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         config.trainer.default_root_dir = str(self.run_dir)
