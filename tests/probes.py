@@ -59,15 +59,15 @@ class SaveRankWeights(Callback):
         torch.save({"state": state, "metrics": metrics}, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
 
 
-class SigtermAtStep(Callback):
-    """Sends this process a real SIGTERM after optimizer step ``step``, once (a marker file remembers)."""
+class SignalAtStep(Callback):
+    """Sends this process a real signal after optimizer step ``step``, once (a marker file remembers)."""
 
-    def __init__(self, step: int, marker: str) -> None:
-        self.step, self.marker = step, Path(marker)
+    def __init__(self, step: int, marker: str, name: str = "SIGTERM") -> None:
+        self.step, self.marker, self.signal = step, Path(marker), signal.Signals[name]
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
         if trainer.global_step == self.step and not self.marker.exists():
             self.marker.touch()
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signal)

@@ -65,30 +65,36 @@ def test_resume_reproduces_the_uninterrupted_run(
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_the_same_command_resumes_exactly(tmp_path: Path) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGUSR1", 138)])
+def test_signal_saves_and_the_same_command_resumes_exactly(tmp_path: Path, name: str, code: int) -> None:
+    scontrol = tmp_path / "bin" / "scontrol"  # records what a SLURM requeue would do
+    scontrol.parent.mkdir()
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent),
+           "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SLURM_JOB_ID": "777"}  # fmt: skip
     base = [sys.executable, "-m", "kiln", *run_args(0)[:-8], "--ckpt_path", "last", "--trainer.logger", "WandbLogger"]
 
     def launch(root: Path, *extra: str) -> subprocess.CompletedProcess:
         cmd = [*base, "--run.root", str(root), *extra]
         return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
-    probe = ["--trainer.callbacks+=probes.SigtermAtStep", "--trainer.callbacks.step=8",
-             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=8",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}", f"--trainer.callbacks.name={name}"]  # fmt: skip
     first = launch(tmp_path / "runs", *probe)
-    assert first.returncode == 143, first.stderr[-2000:]
-    assert "no checkpoint under" in first.stderr and "SIGTERM: stopped after step 8" in first.stderr
-    (run_dir,) = (tmp_path / "runs" / "digits").iterdir()
+    assert first.returncode == code, first.stderr[-2000:]
+    assert "no checkpoint under" in first.stderr and f"{name}: stopped after step 8" in first.stderr
+    run_dir = tmp_path / "runs" / "digits" / "job-777"  # a requeued job finds its folder by job id
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
+    assert requeued == ("requeue 777\n" if name == "SIGUSR1" else "")
 
     second = launch(tmp_path / "runs", *probe)  # the same command: the marker keeps the probe quiet
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in second.stderr
-    assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == [run_dir.name]  # same run folder
     ids = {p.name.rsplit("-", 1)[-1] for p in run_dir.glob("wandb/offline-run-*")}
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2 and len(ids) == 1  # one W&B run, continued
 
     reference = launch(tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
-    (reference_dir,) = (tmp_path / "reference" / "digits").iterdir()
-    assert_bitwise_equal(final_state(str(run_dir)), final_state(str(reference_dir)))
+    assert_bitwise_equal(final_state(str(run_dir)), final_state(str(tmp_path / "reference" / "digits" / "job-777")))

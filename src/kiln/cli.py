@@ -16,6 +16,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln.callbacks.non_finite import NonFiniteGuard
+from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file
 from kiln.errors import KilnError
 from kiln.runs import RUN_DIR_ENV, latest_checkpoint, remove_if_empty, resolve_run_dir, wandb_run_id
@@ -201,3 +202,5 @@ def main(args: ArgsType = None) -> None:
         sys.exit(1)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved
+    except Preempted:
+        sys.exit(128 + signal.SIGUSR1)

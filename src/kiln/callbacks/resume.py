@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import signal
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,23 +91,57 @@ class ExactResume(Callback):
             self._pending = None
 
 
-class PreemptionCheckpoint(Callback):
-    """On SIGTERM (a scheduler's preemption, ``kill``), save ``checkpoints/last.ckpt`` and stop with exit code 143.
+class Preempted(Exception):
+    """Training stopped on SIGUSR1 after saving a resumable checkpoint (and requeueing under SLURM)."""
 
-    Lightning notices SIGTERM and stops at the end of the current step, but saves nothing and
-    exits with 0. This saves the run at that step boundary (with :class:`ExactResume`'s state),
-    so re-running the same command with ``--ckpt_path last`` continues it exactly.
+
+class PreemptionCheckpoint(Callback):
+    """SIGTERM or SIGUSR1: save ``checkpoints/last.ckpt`` at the end of the current step, then stop non-zero.
+
+    Lightning notices SIGTERM and stops at the end of the step, but saves nothing and exits with 0;
+    on SIGUSR1 under SLURM it saves inside the signal handler, mid-step. Here both save at the step
+    boundary (with :class:`ExactResume`'s state), so the same command with ``--ckpt_path last``
+    continues exactly. SIGTERM exits with 143; SIGUSR1 (``sbatch --signal=SIGUSR1@90``) requeues the
+    SLURM job when ``scontrol`` is there, and exits with 138.
     """
 
     def __init__(self) -> None:
         self.saved: Path | None = None
+        self._usr1 = False
+        self._previous: Any = None
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
-            return
+    def _save(self, trainer: Trainer, signal_name: str) -> None:
         self.saved = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(self.saved)
+        trainer.save_checkpoint(self.saved, weights_only=False)
         rank_zero_info(
-            f"SIGTERM: stopped after step {trainer.global_step}, saved {self.saved}; "
+            f"{signal_name}: stopped after step {trainer.global_step}, saved {self.saved}; "
             "run the same command with `--ckpt_path last` to continue"
         )
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGUSR1, self._note_usr1)
+
+    def _note_usr1(self, signum: int, frame: Any) -> None:
+        self._usr1 = True  # acted on at the end of the step
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGUSR1, self._previous)
+            self._previous = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
+        if not self._usr1:
+            return
+        self._usr1 = False
+        self._save(trainer, "SIGUSR1")
+        job = os.environ.get("SLURM_JOB_ID")
+        if job and trainer.is_global_zero and shutil.which("scontrol"):
+            subprocess.run(["scontrol", "requeue", job], check=False)
+            rank_zero_info(f"requeued SLURM job {job}")
+        raise Preempted(f"SIGUSR1 after step {trainer.global_step}")
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
+            self._save(trainer, "SIGTERM")
