@@ -11,7 +11,7 @@ ARGS ?=
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install train test test-gpu lint format typecheck notebook clean
+.PHONY: help install train test test-gpu lint format typecheck notebook bench clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,9 @@ format: ## Fix style with ruff
 
 typecheck: ## Check types with mypy
 	$(UV) run --no-sync mypy
+
+bench: ## Benchmark the template against a raw PyTorch loop (benchmarks/README.md)
+	$(UV) run --no-sync python benchmarks/bench.py
 
 notebook: ## Start JupyterLab in notebooks/ with the project's environment as the kernel
 	$(UV) run --no-sync jupyter lab notebooks/

@@ -10,7 +10,13 @@ import torch
 from dataset_files import write_mnist
 from torch.utils.data import SequentialSampler
 
-from kiln.data import CIFAR10DataModule, DigitsDataModule, FashionMNISTDataModule, MNISTDataModule
+from kiln.data import (
+    CIFAR10DataModule,
+    DigitsDataModule,
+    FashionMNISTDataModule,
+    MNISTDataModule,
+    SyntheticDataModule,
+)
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import MissingDataError
 
@@ -111,3 +117,13 @@ def test_failed_download_is_the_same_one_line_error(tmp_path: Path, monkeypatch:
         dm.prepare_data()
     message = str(err.value)
     assert "\n" not in message and "download failed" in message and "MNIST/raw" in message
+
+
+def test_synthetic_data_is_cifar_shaped_and_repeatable() -> None:
+    a, b = SyntheticDataModule(num_samples=40, batch_size=8, num_workers=0), SyntheticDataModule(num_samples=40)
+    a.setup()
+    b.setup()
+    assert torch.equal(a.train_set.images, b.train_set.images)  # type: ignore[union-attr]
+    x, y = next(iter(a.train_dataloader()))
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and int(y.max()) < 10
+    assert (len(a.train_set), len(a.val_set), len(a.test_set)) == (40, 4, 4)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from kiln.data.base import ImageDataModule
 from kiln.data.digits import DigitsDataModule
+from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
 
 __all__ = [
@@ -10,5 +11,6 @@ __all__ = [
     "FashionMNISTDataModule",
     "ImageDataModule",
     "MNISTDataModule",
+    "SyntheticDataModule",
     "TorchvisionDataModule",
 ]

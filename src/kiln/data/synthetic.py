@@ -1,0 +1,45 @@
+"""Random images of a chosen shape: for benchmarks and smoke tests, where data content does not matter."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.data.base import ImageDataModule
+
+
+class SyntheticDataModule(ImageDataModule):
+    """``num_samples`` random uint8 images (e.g. CIFAR-shaped 3x32x32) with random labels, made in memory.
+
+    Args:
+        num_samples: Training images (validation and test get a tenth each).
+        channels: Image channels.
+        size: Image height and width.
+        num_classes: Number of label values.
+        **kwargs: Loader and transform options of :class:`ImageDataModule`.
+    """
+
+    default_mean = (0.5,)
+    default_std = (0.29,)
+
+    def __init__(
+        self, num_samples: int = 50_000, channels: int = 3, size: int = 32, num_classes: int = 10, **kwargs
+    ) -> None:
+        kwargs.setdefault("train_transforms", [])
+        super().__init__(**kwargs)
+        self.num_samples, self.in_channels, self.num_classes = num_samples, channels, num_classes
+        self.image_size = (size, size)
+        if len(self.mean) == 1:  # one statistic for every channel
+            self.mean, self.std = self.mean * channels, self.std * channels
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        g = torch.Generator().manual_seed(0)
+        n_eval = max(1, self.num_samples // 10)
+        sets = []
+        for n in (self.num_samples, n_eval, n_eval):
+            images = torch.randint(0, 256, (n, self.in_channels, *self.image_size), generator=g, dtype=torch.uint8)
+            sets.append((images, torch.randint(0, self.num_classes, (n,), generator=g)))
+        self.train_set = self.make_dataset(*sets[0], train=True)
+        self.val_set = self.make_dataset(*sets[1], train=False)
+        self.test_set = self.make_dataset(*sets[2], train=False)
