@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import LIMIT
 
 from kiln.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from kiln.cli import build_cli, main
 
-LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml"), "--trainer.logger", "false", "--run.test_after_fit", "false"]
+QUIET_LIMIT = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
 
 
 def test_crash_mid_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +31,7 @@ def test_crash_mid_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, m
 
 
 def test_training_writes_through_the_atomic_io() -> None:
-    cli = build_cli(["fit", *LIMIT])
+    cli = build_cli(["fit", *QUIET_LIMIT])
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     checkpoints = Path(cli.trainer.default_root_dir) / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file() and not list(checkpoints.glob(".*.tmp"))
@@ -58,12 +58,12 @@ def test_unreadable_checkpoint_is_a_one_line_error_naming_the_file(
 
 
 def test_truncated_checkpoint_via_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    cli = build_cli(["fit", *LIMIT])
+    cli = build_cli(["fit", *QUIET_LIMIT])
     good = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *LIMIT, "--ckpt_path", str(truncated)])
+        main(["fit", *QUIET_LIMIT, "--ckpt_path", str(truncated)])
     assert exit_info.value.code == 1
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
     assert str(truncated) in line and "truncated, corrupted or not a checkpoint" in line
@@ -81,10 +81,10 @@ class _Unsafe:
 
 
 def test_ckpt_path_last_finds_the_newest_run_and_continues_in_its_folder(capsys: pytest.CaptureFixture) -> None:
-    fresh = build_cli(["fit", *LIMIT, "--ckpt_path", "last"])
+    fresh = build_cli(["fit", *QUIET_LIMIT, "--ckpt_path", "last"])
     assert "no checkpoint under" in capsys.readouterr().err  # said, not silent
     first_dir = Path(fresh.trainer.default_root_dir)
-    longer = build_cli(["fit", *LIMIT, "--ckpt_path", "last", "--trainer.max_epochs", "3"])
+    longer = build_cli(["fit", *QUIET_LIMIT, "--ckpt_path", "last", "--trainer.max_epochs", "3"])
     assert f"resuming from {first_dir / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().err
     assert Path(longer.trainer.default_root_dir) == first_dir  # continued in place
     assert longer.trainer.global_step == 3 * 5 and longer.trainer.current_epoch == 3

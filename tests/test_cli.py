@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS
+from conftest import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
-
-LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]
 
 
 def run_dirs(root: Path = Path("runs/digits")) -> list[Path]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, LIMIT, callback
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count as readable
 from PIL import Image
 
@@ -14,12 +14,6 @@ from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, Ov
 from kiln.callbacks.batch_checks import check_batch
 from kiln.cli import KilnCLI, build_cli, main
 from kiln.errors import HealthCheckError
-
-LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]
-
-
-def callback(cli: KilnCLI, kind: type) -> object:
-    return next(c for c in cli.trainer.callbacks if isinstance(c, kind))  # type: ignore[attr-defined]
 
 
 def params(cli: KilnCLI) -> dict[str, torch.Tensor]:
@@ -58,7 +52,7 @@ def test_skip_mode_skips_two_steps_then_stops_at_the_third(tmp_path: Path) -> No
     cli = build_cli(["-c", nan_net_config(tmp_path, [4, 8]), *skip], run=False)
     guard = callback(cli, NonFiniteGuard)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert guard.skipped == 2  # type: ignore[attr-defined]
+    assert guard.skipped == 2
     assert cli.trainer.global_step == 4 * 3  # skipped steps still count as steps
     assert all(torch.isfinite(p).all() for p in cli.model.parameters())
     assert float(cli.trainer.callback_metrics["health/skipped_steps"]) == 2
@@ -92,8 +86,8 @@ def test_constant_labels_warn() -> None:
     with pytest.warns(UserWarning, match="all 64 labels are 3"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     check = callback(cli, BatchSanityCheck)
-    assert any("never appear" in w for w in check.warnings)  # type: ignore[attr-defined]
-    assert any("class 3 is 100%" in w for w in check.warnings)  # type: ignore[attr-defined]
+    assert any("never appear" in w for w in check.warnings)
+    assert any("class 3 is 100%" in w for w in check.warnings)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +116,7 @@ def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
     monitor = callback(cli, GradNormMonitor)
     with pytest.warns(UserWarning, match="gradient norm spike at step 25"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert [step for step, _, _ in monitor.spikes] == [25]  # type: ignore[attr-defined]
+    assert [step for step, _, _ in monitor.spikes] == [25]
     assert "grad/total_norm" in cli.trainer.callback_metrics
     assert any(k.startswith("grad/net.") for k in cli.trainer.callback_metrics)  # per-layer norms at step 0
 
@@ -144,8 +138,8 @@ def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.
 def test_overfit_preset_reaches_loss_below_005() -> None:
     cli = build_cli(["fit", "-c", str(CONFIGS / "debug" / "overfit.yaml"), "--trainer.logger", "false"])
     report = callback(cli, OverfitReport)
-    assert report.last < 0.05 < 1 < report.first  # type: ignore[attr-defined]
-    assert report.message.startswith("overfit check passed")  # type: ignore[attr-defined]
+    assert report.last < 0.05 < 1 < report.first
+    assert report.message.startswith("overfit check passed")
 
 
 def test_parameter_summary_counts_total_trainable_and_frozen(capsys: pytest.CaptureFixture) -> None:

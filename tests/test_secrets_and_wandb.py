@@ -7,12 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import LIMIT
 
 from kiln.cli import main
 from kiln.secrets import REDACTED, redact
-
-LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]
 
 
 def test_redact_replaces_values_under_secret_names_only() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
@@ -53,7 +53,7 @@ def test_gradient_clipping_bounds_the_norm_the_optimizer_sees() -> None:
     cli = build_cli([*args, "--trainer.gradient_clip_val", str(clip), "--trainer.limit_val_batches", "0"], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seen = cli.trainer.optimizers[0].seen_norms  # type: ignore[attr-defined]
-    monitor = next(c for c in cli.trainer.callbacks if isinstance(c, GradNormMonitor))  # type: ignore[attr-defined]
+    monitor = callback(cli, GradNormMonitor)
     raw = monitor._past + [float(t) for t in monitor._pending]  # measured before clipping
     assert len(seen) == 5 and len(raw) == 5
     assert all(r > clip for r in raw)  # clipping had something to do

@@ -89,6 +89,8 @@ class KilnCLI(LightningCLI):
         except BaseException:
             finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
             raise
+        if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
+            finish_wandb()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
@@ -156,16 +158,6 @@ class KilnCLI(LightningCLI):
                 from kiln.summary import print_summary
 
                 print_summary(trainer, self.test_metrics, best, self.run_dir)
-        finish_wandb()
-
-    def after_validate(self) -> None:
-        finish_wandb()
-
-    def after_test(self) -> None:
-        finish_wandb()
-
-    def after_predict(self) -> None:
-        finish_wandb()
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:

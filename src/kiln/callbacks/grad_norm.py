@@ -11,6 +11,11 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 
+def optimizer_gradients(optimizer: Optimizer) -> list[Tensor]:
+    """The gradients the optimizer is about to apply (parameters without one are skipped)."""
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
 class GradNormMonitor(Callback):
     """Total gradient norm at every logging step, per-parameter norms every ``layer_every_n_steps``.
 
@@ -42,7 +47,7 @@ class GradNormMonitor(Callback):
         self.spikes: list[tuple[int, float, float]] = []  # (step, norm, median)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = optimizer_gradients(optimizer)
         if not grads:
             return
         total = torch.nn.utils.get_total_norm(grads).detach()

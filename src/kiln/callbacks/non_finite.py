@@ -9,6 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.optim import Optimizer
 
+from kiln.callbacks.grad_norm import optimizer_gradients
 from kiln.errors import HealthCheckError
 
 
@@ -44,7 +45,7 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
         if self.action == "off":
             return
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = optimizer_gradients(optimizer)
         check_grads = bool(grads) and not _has_grad_scaler(trainer)
         parts = [torch.nn.utils.get_total_norm(grads).reshape(1)] if check_grads else []
         if self._loss is not None:
