@@ -19,7 +19,7 @@ help: ## Show this list of targets
 
 install: ## Install uv if missing, then the locked environment (.venv) and, in a git repo, the pre-commit hooks
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
-	$(UV) sync --locked
+	$(UV) sync --locked --compile-bytecode  # precompiled .pyc: start-up without recompiling torch and lightning
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
 
 train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)

@@ -6,6 +6,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
+from kiln.callbacks.progress import ProgressBar
 from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "OverfitReport",
     "PredictionWriter",
     "PreemptionCheckpoint",
+    "ProgressBar",
 ]

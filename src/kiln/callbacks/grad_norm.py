@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -14,6 +15,26 @@ from torch.optim import Optimizer
 def optimizer_gradients(optimizer: Optimizer) -> list[Tensor]:
     """The gradients the optimizer is about to apply (parameters without one are skipped)."""
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+_NORMS: weakref.WeakKeyDictionary[Optimizer, tuple[int, Tensor]] = weakref.WeakKeyDictionary()
+
+
+def total_gradient_norm(trainer: Trainer, optimizer: Optimizer) -> Tensor | None:
+    """The 2-norm of all gradients the optimizer is about to apply, on the device, computed once per step.
+
+    NonFiniteGuard and GradNormMonitor both need it in ``on_before_optimizer_step``; the second asks
+    for free. ``None`` when no parameter has a gradient.
+    """
+    grads = optimizer_gradients(optimizer)
+    if not grads:
+        return None
+    cached = _NORMS.get(optimizer)
+    if cached is not None and cached[0] == trainer.global_step:
+        return cached[1]
+    norm = torch.nn.utils.get_total_norm(grads).detach()
+    _NORMS[optimizer] = (trainer.global_step, norm)
+    return norm
 
 
 class GradNormMonitor(Callback):
@@ -47,10 +68,9 @@ class GradNormMonitor(Callback):
         self.spikes: list[tuple[int, float, float]] = []  # (step, norm, median)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
-        grads = optimizer_gradients(optimizer)
-        if not grads:
+        total = total_gradient_norm(trainer, optimizer)
+        if total is None:
             return
-        total = torch.nn.utils.get_total_norm(grads).detach()
         step = trainer.global_step
         if (step + 1) % getattr(trainer, "log_every_n_steps", 50) == 0:  # only steps Lightning writes
             pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)

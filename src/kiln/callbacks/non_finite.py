@@ -9,7 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.optim import Optimizer
 
-from kiln.callbacks.grad_norm import optimizer_gradients
+from kiln.callbacks.grad_norm import total_gradient_norm
 from kiln.errors import HealthCheckError
 
 
@@ -45,12 +45,12 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
         if self.action == "off":
             return
-        grads = optimizer_gradients(optimizer)
-        check_grads = bool(grads) and not _has_grad_scaler(trainer)
-        parts = [torch.nn.utils.get_total_norm(grads).reshape(1)] if check_grads else []
-        if self._loss is not None:
-            parts.append(self._loss.float().reshape(1))
-        if not parts or bool(torch.isfinite(torch.cat([p.to(parts[0].device) for p in parts])).all()):
+        norm = None if _has_grad_scaler(trainer) else total_gradient_norm(trainer, optimizer)
+        if norm is None and self._loss is None:
+            return
+        # one scalar: NaN or Inf in the loss or any gradient makes the sum non-finite
+        total = (norm if norm is not None else 0.0) + (self._loss.float() if self._loss is not None else 0.0)
+        if bool(torch.isfinite(torch.as_tensor(total))):
             return
         message = self._describe(trainer, pl_module)
         if self.action == "skip" and self.skipped < self.max_skips:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
+from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from kiln.models.schedules import WarmupCosineLR
@@ -69,10 +70,16 @@ class ImageClassifier(LightningModule):
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        # labels are range-checked by cross-entropy itself (and BatchSanityCheck): skip the per-step re-check
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # per-sample mean losses, synced over ranks by torchmetrics; NaN is kept, not dropped
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)  # read by ConfusionMatrixReport
+        self._loss_sum: Tensor | None = None
+        self._loss_count = 0
 
     def forward(self, x: Tensor) -> Tensor:
         if self.channels_last:
@@ -86,26 +93,49 @@ class ImageClassifier(LightningModule):
         x, y = batch
         logits = self(x)
         loss = self._loss(logits, y)
-        self.train_acc(logits, y)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        self.train_acc.update(logits.detach(), y)  # logged once per epoch: a Metric logged every step costs ~2 ms
+        self._log_train_loss(loss.detach(), batch_idx)
         return loss
 
-    def _evaluate(self, batch: Batch, stage: str, metric: MulticlassAccuracy) -> Tensor:
+    def _log_train_loss(self, loss: Tensor, batch_idx: int) -> None:
+        """Log the mean loss since the last log, on the steps Lightning writes and at each epoch end.
+
+        ``self.log`` costs ~0.3 ms a call; summing on the device costs microseconds and never syncs.
+        """
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        self._loss_count += 1
+        trainer = self.trainer
+        every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
+        logging_step = (self.global_step + 1) % every == 0  # Lightning's own rule
+        if logging_step or getattr(trainer, "fast_dev_run", False) or batch_idx + 1 >= trainer.num_training_batches:
+            self.log("train/loss", self._loss_sum / self._loss_count, prog_bar=True)
+            self._loss_sum, self._loss_count = None, 0
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/acc", self.train_acc)  # computed over the epoch (and all ranks), then reset
+
+    def _evaluate(self, batch: Batch, loss: MeanMetric, accuracy: MulticlassAccuracy) -> Tensor:
+        """Accumulate on the device; the epoch-end hooks log once (``self.log`` per batch costs ~1 ms)."""
         x, y = batch
         logits = self(x)
-        # epoch means over all ranks: sync_dist for the loss, torchmetrics syncs its own state
-        self.log(f"{stage}/loss", self._loss(logits, y), sync_dist=True)
-        metric(logits, y)
-        self.log(f"{stage}/acc", metric, prog_bar=True)
+        loss.update(self._loss(logits, y), weight=len(y))
+        accuracy.update(logits, y)
         return logits
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_acc)
+        self._evaluate(batch, self.val_loss, self.val_acc)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/loss", self.val_loss)  # epoch means over every sample of every rank, then reset
+        self.log("val/acc", self.val_acc, prog_bar=True)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
-        logits = self._evaluate(batch, "test", self.test_acc)
+        logits = self._evaluate(batch, self.test_loss, self.test_acc)
         self.test_confusion.update(logits, batch[1])
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/loss", self.test_loss)
+        self.log("test/acc", self.test_acc, prog_bar=True)
 
     def predict_step(self, batch: Batch | Tensor, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         """Class probabilities; the Trainer already runs this under ``torch.inference_mode``."""
