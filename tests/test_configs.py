@@ -32,7 +32,7 @@ def test_config_folder_has_the_documented_presets() -> None:
                    "debug/limit.yaml", "debug/profiler.yaml", "experiment/digits.yaml", "experiment/mnist.yaml",
                    "experiment/fashion_mnist.yaml", "experiment/cifar10.yaml", "callbacks/early_stopping.yaml",
                    "trainer/deterministic.yaml", "trainer/ddp_cpu.yaml", "trainer/fsdp.yaml", "trainer/slurm.yaml",
-                   "debug/anomaly.yaml", "callbacks/skip_nonfinite.yaml"]:  # fmt: skip
+                   "debug/anomaly.yaml", "callbacks/skip_nonfinite.yaml", "data/on_device.yaml"]:  # fmt: skip
         assert preset in names
 
 
@@ -56,10 +56,14 @@ def test_preset_runs_with_fast_dev_run(config: Path) -> None:
     main(["fit", "-c", str(config), *FAST])
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["loader", "on_device"])
 @pytest.mark.parametrize("experiment", ["digits", "mnist", "fashion_mnist", "cifar10"])
-def test_experiment_runs_with_fast_dev_run(experiment: str, mnist_root: Path, cifar_root: Path) -> None:
+def test_experiment_runs_with_fast_dev_run(
+    experiment: str, on_device: bool, mnist_root: Path, cifar_root: Path
+) -> None:
     assert mnist_root == cifar_root  # one data folder holds every dataset's files
     args = ["fit", "-c", str(CONFIGS / "experiment" / f"{experiment}.yaml"), *FAST]
+    args += ["-c", str(CONFIGS / "data" / "on_device.yaml")] if on_device else []
     if experiment != "digits":
         args += ["--data.init_args.data_dir", str(mnist_root), "--data.init_args.download", "false"]
     main(args)

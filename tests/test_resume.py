@@ -14,10 +14,15 @@ from conftest import CONFIGS
 from kiln.cli import build_cli
 
 
-def run_args(workers: int) -> list[str]:
-    """Shuffling, dropout and augmentation all on; checkpoints every 4 steps (mid-epoch) and every epoch."""
+def run_args(workers: int | str) -> list[str]:
+    """Shuffling, dropout and augmentation all on; checkpoints every 4 steps (mid-epoch) and every epoch.
+
+    ``workers``: DataLoader worker processes, or ``"on_device"`` for the on-device data path.
+    """
+    on_device = ["--data.on_device", "true"] if workers == "on_device" else []
+    workers = 0 if workers == "on_device" else workers
     return [
-        "fit", "-c", str(CONFIGS / "trainer" / "deterministic.yaml"),
+        "fit", *on_device, "-c", str(CONFIGS / "trainer" / "deterministic.yaml"),
         "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2",
         "--data.num_workers", str(workers), "--data.batch_size", "32",
         "--model.init_args.net.init_args.dropout", "0.3",
@@ -44,8 +49,8 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
     assert a["lr_schedulers"] == b["lr_schedulers"]
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
-def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path]:
+@pytest.fixture(scope="module", params=[0, 2, "on_device"], ids=["workers0", "workers2", "on_device"])
+def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int | str, Path]:
     root = tmp_path_factory.mktemp(f"runs{request.param}")
     cli = build_cli([*run_args(request.param), "--run.root", str(root)])
     return request.param, Path(cli.trainer.default_root_dir)
@@ -54,7 +59,7 @@ def uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["mid-step=8.ckpt", "end-epoch=1.ckpt"], ids=["mid_epoch", "epoch_end"])
 def test_resume_reproduces_the_uninterrupted_run(
-    uninterrupted: tuple[int, Path], checkpoint: str, tmp_path: Path
+    uninterrupted: tuple[int | str, Path], checkpoint: str, tmp_path: Path
 ) -> None:
     workers, run_dir = uninterrupted
     ckpt = run_dir / "checkpoints" / checkpoint

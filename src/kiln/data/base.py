@@ -11,6 +11,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from kiln.data.on_device import DeviceLoader
 from kiln.data.sampling import ResumableSampler
 
 Transform = Callable[[Tensor], Tensor]
@@ -89,6 +90,11 @@ class ImageDataModule(LightningDataModule):
             applied to float images in [0, 1]; ``None`` uses the dataset's default, ``[]`` none.
         mean: Per-channel normalisation mean; ``None`` uses the dataset's statistics.
         std: Per-channel normalisation std; ``None`` uses the dataset's statistics.
+        on_device: Keep every split on the training device (as stored: uint8 for the torchvision
+            sets) and slice, augment and normalise whole batches there: no DataLoader, no workers,
+            no host-to-device copy per batch. For datasets that fit in device memory.
+        batch_augment: With ``on_device``: the augmentation applied to whole training batches
+            (e.g. :class:`~kiln.data.BatchRandomAffine`); ``None`` uses the dataset's default.
     """
 
     num_classes: int
@@ -106,8 +112,15 @@ class ImageDataModule(LightningDataModule):
         train_transforms: list[nn.Module] | None = None,
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
+        on_device: bool = False,
+        batch_augment: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if on_device and train_transforms:
+            raise ValueError(
+                "data.train_transforms run per sample in the DataLoader path and do not apply with "
+                "data.on_device=true: set data.batch_augment (e.g. kiln.data.BatchRandomAffine) instead"
+            )
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = default_num_workers() if num_workers is None else num_workers
@@ -115,6 +128,9 @@ class ImageDataModule(LightningDataModule):
         self.seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set: shuffling and augmentation follow it
         self.mean = tuple(mean) if mean is not None else self.default_mean
         self.std = tuple(std) if std is not None else self.default_std
+        self.on_device = on_device
+        self.batch_augment = batch_augment
+        self._device_copies: dict[int, tuple[Tensor, Tensor]] = {}
         self.resume_position: tuple[int, int] | None = None  # (epoch, batches done), set by ExactResume
         self.train_set: ImageTensorDataset | None = None
         self.val_set: ImageTensorDataset | None = None
@@ -124,10 +140,16 @@ class ImageDataModule(LightningDataModule):
         """The augmentation used when ``train_transforms`` is ``None``; override per dataset."""
         return []
 
+    def default_batch_augment(self) -> nn.Module | None:
+        """The whole-batch augmentation used with ``on_device`` when ``batch_augment`` is ``None``."""
+        return None
+
     def train_transform(self) -> Transform | None:
         """The composed training augmentation, or ``None`` for none."""
         chosen = self.default_train_transforms() if self.train_transforms is None else self.train_transforms
-        return nn.Sequential(*chosen) if chosen else None
+        if len(chosen) <= 1:  # per sample, a module wrapper around one transform costs as much as the seeding
+            return chosen[0] if chosen else None
+        return nn.Sequential(*chosen)
 
     def make_dataset(self, images: Tensor, labels: Tensor, train: bool) -> ImageTensorDataset:
         """Wrap tensors with this module's normalisation (and augmentation when ``train``)."""
@@ -147,6 +169,8 @@ class ImageDataModule(LightningDataModule):
                 epoch, batches = self.resume_position
                 sampler.set_epoch(epoch)
                 sampler.skip, self.resume_position = batches * self.batch_size, None
+        if self.on_device:
+            return self._device_loader(dataset, sampler)  # type: ignore[return-value]
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
@@ -155,6 +179,27 @@ class ImageDataModule(LightningDataModule):
             pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
             generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
+        )
+
+    def _device_loader(self, dataset: Dataset, sampler: ResumableSampler | None) -> DeviceLoader:
+        if not isinstance(dataset, ImageTensorDataset):
+            raise TypeError(f"on_device needs ImageTensorDataset splits, got {type(dataset).__name__}")
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
+            self._device_copies[id(dataset)] = (dataset.images.to(device), dataset.labels.to(device))
+        images, labels = self._device_copies[id(dataset)]
+        augment = None
+        if sampler is not None:  # training
+            augment = self.batch_augment if self.batch_augment is not None else self.default_batch_augment()
+        return DeviceLoader(
+            images,
+            labels,
+            self.batch_size if sampler is not None else self.eval_batch_size,
+            self.mean,
+            self.std,
+            sampler=sampler,
+            augment=augment.to(device) if augment is not None else None,
+            seed=self.seed,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -7,6 +7,7 @@ from torch import nn
 from torchvision.transforms import v2
 
 from kiln.data.base import ImageDataModule, seeded_split
+from kiln.data.on_device import BatchRandomAffine
 
 
 class DigitsDataModule(ImageDataModule):
@@ -47,6 +48,9 @@ class DigitsDataModule(ImageDataModule):
     def default_train_transforms(self) -> list[nn.Module]:
         # one-pixel shifts and small rotations: the variation handwriting has at this resolution
         return [v2.RandomAffine(degrees=10, translate=(0.125, 0.125))]
+
+    def default_batch_augment(self) -> nn.Module:
+        return BatchRandomAffine(degrees=10, translate=0.125)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:

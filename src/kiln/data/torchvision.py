@@ -11,6 +11,7 @@ from torchvision import datasets
 from torchvision.transforms import v2
 
 from kiln.data.base import ImageDataModule, seeded_split
+from kiln.data.on_device import BatchRandomAffine
 from kiln.errors import MissingDataError
 
 _MNIST_FILES = (
@@ -111,6 +112,9 @@ class MNISTDataModule(TorchvisionDataModule):
     def default_train_transforms(self) -> list[nn.Module]:
         return [v2.RandomAffine(degrees=10, translate=(0.1, 0.1))]
 
+    def default_batch_augment(self) -> nn.Module:
+        return BatchRandomAffine(degrees=10, translate=0.1)
+
 
 class FashionMNISTDataModule(MNISTDataModule):
     """Zalando's FashionMNIST, 28x28 grey-scale clothing (same file format as MNIST)."""
@@ -123,6 +127,9 @@ class FashionMNISTDataModule(MNISTDataModule):
 
     def default_train_transforms(self) -> list[nn.Module]:
         return [v2.RandomHorizontalFlip(), v2.RandomAffine(degrees=0, translate=(0.1, 0.1))]
+
+    def default_batch_augment(self) -> nn.Module:
+        return BatchRandomAffine(translate=0.1, flip=0.5)
 
 
 class CIFAR10DataModule(TorchvisionDataModule):
@@ -148,3 +155,6 @@ class CIFAR10DataModule(TorchvisionDataModule):
 
     def default_train_transforms(self) -> list[nn.Module]:
         return [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]
+
+    def default_batch_augment(self) -> nn.Module:
+        return BatchRandomAffine(translate=4 / 32, flip=0.5, whole_pixels=True)  # the same, a batch at a time

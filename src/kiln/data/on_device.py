@@ -1,0 +1,113 @@
+"""A data path for datasets that fit in device memory: no DataLoader, no workers, no copies per batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kiln.data.sampling import ResumableSampler
+
+
+class BatchRandomAffine(nn.Module):
+    """Per-sample random rotation, shift and horizontal flip of a whole batch in one ``grid_sample``.
+
+    The batch counterpart of torchvision's per-sample ``RandomAffine``, ``RandomCrop(padding=p)``
+    and ``RandomHorizontalFlip``: one kernel launch on the device instead of a Python call per image.
+    Uncovered pixels are filled with 0 (black, before normalisation).
+
+    Args:
+        degrees: Rotation drawn uniformly from ``[-degrees, degrees]``.
+        translate: Largest shift as a fraction of the height/width.
+        flip: Probability of a horizontal flip.
+        whole_pixels: Round shifts to whole pixels (with ``degrees=0`` the output is an exact
+            shifted copy, like ``RandomCrop`` with zero padding).
+    """
+
+    def __init__(self, degrees: float = 0.0, translate: float = 0.0, flip: float = 0.0, whole_pixels: bool = False):
+        super().__init__()
+        self.degrees, self.translate, self.flip, self.whole_pixels = degrees, translate, flip, whole_pixels
+
+    def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        n, _, height, width = x.shape
+        r = torch.rand(n, 4, generator=generator, device=x.device)
+        angle = (2 * r[:, 0] - 1) * math.radians(self.degrees)
+        shifts = []
+        for column, size in ((1, width), (2, height)):
+            if self.whole_pixels:  # uniform over the integers -m..m, then to grid units (2 / size per pixel)
+                most = math.floor(self.translate * size)
+                pixels = torch.floor(r[:, column] * (2 * most + 1)) - most
+                shifts.append(pixels * 2 / size)
+            else:
+                shifts.append((2 * r[:, column] - 1) * self.translate * 2)
+        mirror = torch.where(r[:, 3] < self.flip, -1.0, 1.0)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        theta = torch.stack(
+            [torch.stack([cos * mirror, -sin, shifts[0]], 1), torch.stack([sin * mirror, cos, shifts[1]], 1)], 1
+        )
+        grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+class DeviceLoader:
+    """Batches sliced from image and label tensors that already live on the training device.
+
+    Stands in for a ``DataLoader`` (Lightning accepts any sized iterable and calls
+    ``sampler.set_epoch`` through the ``sampler`` attribute). Images are kept as stored (uint8 for
+    the torchvision sets: 4x less memory); each batch is converted to float, augmented as a whole
+    and normalised on the device. The augmentation of batch ``b`` of epoch ``e`` is seeded from
+    ``(seed, e, b)``, so a resumed run sees the same batches as an uninterrupted one.
+
+    Args:
+        images: ``N x C x H x W`` images (uint8, or float in [0, 1]) on the device.
+        labels: ``N`` labels on the same device.
+        batch_size: Samples per batch (the last batch may be smaller).
+        mean: Per-channel normalisation mean.
+        std: Per-channel normalisation std.
+        sampler: Training order (shuffled, split over ranks, resumable); ``None`` keeps dataset order.
+        augment: Batch augmentation called as ``augment(images, generator)``; ``None`` for none.
+        seed: Seed of the augmentation.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        batch_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        sampler: ResumableSampler | None = None,
+        augment: nn.Module | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.images, self.labels, self.batch_size = images, labels.long(), batch_size
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+        self.sampler, self.augment, self.seed = sampler, augment, seed
+        self.batch_sampler = None  # what Lightning looks for next to `sampler`
+        self.generator = torch.Generator(device=images.device)
+
+    def __len__(self) -> int:
+        samples = len(self.sampler) if self.sampler is not None else len(self.labels)
+        return math.ceil(samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        epoch, first_batch = 0, 0
+        if self.sampler is None:
+            order = torch.arange(len(self.labels), device=self.images.device)
+        else:
+            skipped = self.sampler.skip  # consumed by iterating the sampler; batches stay aligned
+            keys = list(self.sampler)
+            epoch, first_batch = self.sampler.epoch, skipped // self.batch_size
+            order = torch.tensor([index for _, index in keys], dtype=torch.long).to(self.images.device)
+        for number, start in enumerate(range(0, len(order), self.batch_size), start=first_batch):
+            index = order[start : start + self.batch_size]
+            x = self.images[index]
+            x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
+            if self.augment is not None:
+                self.generator.manual_seed(hash((self.seed, epoch, number)) & 0x7FFF_FFFF_FFFF_FFFF)
+                x = self.augment(x, self.generator)
+            yield (x - self.mean) / self.std, self.labels[index]
