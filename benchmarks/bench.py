@@ -29,24 +29,40 @@ ROOT = HERE.parent
 # (the ResNet's width is set: a class_path switch keeps init_args the new class accepts, like SmallCNN's 32)
 RESNET = ["--model.init_args.net", "kiln.nets.ResNet", "--model.init_args.net.init_args.in_channels", "3",
           "--model.init_args.net.init_args.width", "16", "--data", "kiln.data.SyntheticDataModule",
-          "--data.num_samples", "1280", "--data.batch_size", "128", "--data.num_workers", "0"]  # fmt: skip
+          "--data.num_workers", "0"]  # fmt: skip
+CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512", "--trainer.accelerator", "gpu",
+             "--data.num_workers", "4"]  # fmt: skip
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 6),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
-    "resnet": (RESNET, 3),  # ResNet-20 on random CIFAR-shaped images, batch 128
+    "resnet": ([*RESNET, "--data.num_samples", "2560", "--data.batch_size", "128"], 3),  # ResNet-20, CIFAR-shaped
+    "cifar_gpu": (CIFAR_GPU, 3),  # GPU: 50k CIFAR-shaped images, batch 512
 }
+FAST = ["--trainer.precision", "bf16-mixed", "--model.init_args.compile", "true",
+        "--model.init_args.channels_last", "true"]  # fmt: skip
+# kinds measured per workload: raw loop, template; on GPU also the optimised raw loop and the on-device data path
+KINDS = {"default": ["raw", "template"], "resnet": ["raw", "template"],
+         "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device"]}  # fmt: skip
+
+
+def smoke(args: list[str], epochs: int) -> tuple[list[str], int]:
+    """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
+    swap = {"50000": "512", "512": "64", "gpu": "cpu", "4": "0"}
+    return [swap.get(a, a) for a in args], min(epochs, 2)
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_raw(workload: str, epochs: int, started: float) -> dict[str, float]:
+def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small: bool = False) -> dict[str, float]:
     """zero_grad, forward, loss, backward, step; a DataLoader; evaluation under inference_mode."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(42)
+    device = torch.device("cuda" if workload == "cifar_gpu" and not small else "cpu")
+    fast = kind == "raw_fast"  # bf16 autocast + channels_last + torch.compile
     if workload == "default":
         from sklearn.datasets import load_digits
         from torchvision.transforms import v2
@@ -71,41 +87,73 @@ def run_raw(workload: str, epochs: int, started: float) -> dict[str, float]:
     else:
         from kiln.nets import ResNet
 
+        n, batch_size = (2560, 128) if workload == "resnet" else ((512, 64) if small else (50000, 512))
         g = torch.Generator().manual_seed(0)
-        images = torch.randint(0, 256, (1280 + 128, 3, 32, 32), generator=g, dtype=torch.uint8).float().div(255)
-        labels = torch.randint(0, 10, (1280 + 128,), generator=g)
-        train_set, val_set = TensorDataset(images[:1280], labels[:1280]), TensorDataset(images[1280:], labels[1280:])
-        net, batch_size = ResNet(in_channels=3, num_classes=10), 128
-    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
-    val_loader = DataLoader(val_set, batch_size=batch_size)
+        images = torch.randint(0, 256, (n + n // 10, 3, 32, 32), generator=g, dtype=torch.uint8).float().div(255)
+        labels = torch.randint(0, 10, (n + n // 10,), generator=g)
+        train_set, val_set = TensorDataset(images[:n], labels[:n]), TensorDataset(images[n:], labels[n:])
+        net = ResNet(in_channels=3, num_classes=10)
+    workers = 4 if device.type == "cuda" else 0
+    options = {"num_workers": workers, "pin_memory": device.type == "cuda", "persistent_workers": workers > 0}
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, **options)  # type: ignore[arg-type]
+    val_loader = DataLoader(val_set, batch_size=batch_size, **options)  # type: ignore[arg-type]
+    net = net.to(device)
+    if fast:
+        net = net.to(memory_format=torch.channels_last)
+    model = torch.compile(net) if fast and not small else net
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01)
     total = epochs * len(loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, int(0.05 * total))) * 0.5 * (1 + math.cos(math.pi * s / total))
     )
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=fast)
+
+    def inputs(x: torch.Tensor) -> torch.Tensor:
+        x = x.to(device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last) if fast else x
+
     first_step = timed_from = None
     for epoch in range(epochs):
         if epoch == 1:
+            sync(device)
             timed_from, steps_before = time.perf_counter(), epoch * len(loader)
-        net.train()
+        model.train()
         for x, y in loader:
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(net(x), y)
+            with autocast:
+                loss = F.cross_entropy(model(inputs(x)), y.to(device, non_blocking=True))
             loss.backward()
             optimizer.step()
             schedule.step()
             if first_step is None:
                 first_step = time.time() - started
-        net.eval()
-        with torch.inference_mode():
-            correct = sum(int((net(x).argmax(1) == y).sum()) for x, y in val_loader)
+        model.eval()
+        with torch.inference_mode(), autocast:
+            correct = sum(int((model(inputs(x)).argmax(1).cpu() == y).sum()) for x, y in val_loader)
         print(f"epoch {epoch}: loss {float(loss):.3f} val acc {correct / len(val_set):.3f}", file=sys.stderr)
+    sync(device)
     assert timed_from is not None and first_step is not None
     rate = (total - steps_before) / (time.perf_counter() - timed_from)
-    return {"steps_per_s": rate, "first_step_s": first_step, "peak_rss_mb": peak_rss_mb()}
+    return {"steps_per_s": rate, "first_step_s": first_step, **peak_memory(device)}
 
 
-def run_template(workload: str, epochs: int, started: float) -> dict[str, float]:
+def sync(device: object) -> None:
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory(device: object) -> dict[str, float]:
+    import torch
+
+    memory = {"peak_rss_mb": peak_rss_mb()}
+    if getattr(device, "type", "cpu") == "cuda":
+        memory["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return memory
+
+
+def run_template(workload: str, epochs: int, started: float, kind: str = "template", small: bool = False) -> dict:
     """The template's own `fit`: default callbacks, W&B (offline) and the progress bar all on."""
     from lightning.pytorch import Callback
 
@@ -120,19 +168,26 @@ def run_template(workload: str, epochs: int, started: float) -> dict[str, float]
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
             if trainer.current_epoch == 1:
+                sync(pl_module.device)
                 self.timed_from, self.steps_before = time.perf_counter(), trainer.global_step
 
         def on_train_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+            sync(pl_module.device)
             self.rate = (trainer.global_step - self.steps_before) / (time.perf_counter() - self.timed_from)
+            self.device = pl_module.device
 
     runs = tempfile.mkdtemp(prefix="kiln-bench-")
-    args, _ = WORKLOADS[workload]
+    args, _ = smoke(*WORKLOADS[workload]) if small else WORKLOADS[workload]
+    if kind != "template":  # template_fast, template_on_device
+        args = [*args, *(FAST if not small else FAST[:2])]
+    if kind == "template_on_device":
+        args = [*args, "--data.on_device", "true", "--data.num_workers", "0"]
     cli = build_cli([*args, "--trainer.max_epochs", str(epochs), "--run.root", runs], run=False)
     timer = Timer()
     cli.trainer.callbacks.append(timer)  # type: ignore[attr-defined]
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert timer.first_step is not None
-    return {"steps_per_s": timer.rate, "first_step_s": timer.first_step, "peak_rss_mb": peak_rss_mb()}
+    return {"steps_per_s": timer.rate, "first_step_s": timer.first_step, **peak_memory(timer.device)}
 
 
 def seconds(command: list[str]) -> float:
@@ -141,9 +196,9 @@ def seconds(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def one(kind: str, workload: str) -> dict[str, float]:
+def one(kind: str, workload: str, small: bool) -> dict[str, float]:
     command = [sys.executable, str(Path(__file__)), "--one", kind, "--workload", workload]
-    command += ["--started", repr(time.time())]
+    command += ["--started", repr(time.time())] + (["--smoke"] if small else [])
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -151,71 +206,106 @@ def one(kind: str, workload: str) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# (workload, baseline kind, measured kind, what the ratio is)
+COMPARISONS = [
+    ("default", "raw", "template", "template / raw loop"),
+    ("resnet", "raw", "template", "template / raw loop"),
+    ("cifar_gpu", "raw", "raw_fast", "bf16 + channels_last + compile / fp32 eager (raw)"),
+    ("cifar_gpu", "raw_fast", "template_fast", "template / raw loop, both optimised"),
+    ("cifar_gpu", "template_fast", "template_on_device", "on-device data / DataLoader (template)"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
-    parser.add_argument("--one", choices=["raw", "template"], help=argparse.SUPPRESS)
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="default: all this machine can run")
+    parser.add_argument("--smoke", action="store_true", help="every workload tiny, on the CPU, once: checks the script")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for the JSON and Markdown results")
+    parser.add_argument("--one", choices=sorted({k for ks in KINDS.values() for k in ks}), help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.one:  # a single measured process
-        runner = run_raw if options.one == "raw" else run_template
-        print(json.dumps(runner(options.workload, WORKLOADS[options.workload][1], options.started)))
+        runner = run_raw if options.one.startswith("raw") else run_template
+        epochs = WORKLOADS[options.workload][1] if not options.smoke else 2
+        print(json.dumps(runner(options.workload, epochs, options.started, options.one, options.smoke)))
         return
 
-    results: dict[str, dict] = {}
-    for workload in options.workloads:
-        samples: dict[str, list[dict[str, float]]] = {"raw": [], "template": []}
-        for repeat in range(options.repeats):
-            for kind in ("raw", "template"):  # interleaved, so drifts hit both alike
-                samples[kind].append(one(kind, workload))
-                print(f"{workload} {kind} #{repeat + 1}: {samples[kind][-1]}", file=sys.stderr)
-        medians = {k: {m: statistics.median(s[m] for s in v) for m in v[0]} for k, v in samples.items()}
-        raw, template = medians["raw"], medians["template"]
-        results[workload] = {
-            **{f"{k}_{m}": v for k, ms in medians.items() for m, v in ms.items()},
-            "ratio": template["steps_per_s"] / raw["steps_per_s"],
-            "extra_ms_per_step": 1000 / template["steps_per_s"] - 1000 / raw["steps_per_s"],
-        }
-    imports = [seconds([sys.executable, "-c", "import lightning"]) for _ in range(3)]
-    helps = [seconds([sys.executable, "-m", "kiln", "fit", "--help"]) for _ in range(3)]
-    results["startup"] = {"import_lightning_s": statistics.median(imports), "help_s": statistics.median(helps)}
-    write(results, options.repeats)
-
-
-def write(results: dict[str, dict], repeats: int) -> None:
     import torch
 
-    machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}"
-    machine += f", {torch.get_num_threads()} threads"
+    runnable = [w for w in WORKLOADS if w != "cifar_gpu" or torch.cuda.is_available() or options.smoke]
+    workloads = options.workloads or runnable
+    if "cifar_gpu" not in workloads and not options.smoke:
+        print("no CUDA GPU here: the cifar_gpu workload is left out", file=sys.stderr)
+    repeats = 1 if options.smoke else options.repeats
+    medians: dict[str, dict[str, dict[str, float]]] = {}
+    for workload in workloads:
+        samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS[workload]}
+        for repeat in range(repeats):
+            for kind in samples:  # interleaved, so drifts hit every kind alike
+                samples[kind].append(one(kind, workload, options.smoke))
+                print(f"{workload} {kind} #{repeat + 1}: {samples[kind][-1]}", file=sys.stderr)
+        medians[workload] = {k: {m: statistics.median(s[m] for s in v) for m in v[0]} for k, v in samples.items()}
+    results: dict[str, object] = {"medians": medians, "comparisons": []}
+    for workload, base, measured, meaning in COMPARISONS:
+        if workload in medians:
+            a, b = medians[workload][base], medians[workload][measured]
+            results["comparisons"].append({  # type: ignore[attr-defined]
+                "workload": workload, "baseline": base, "measured": measured, "meaning": meaning,
+                "ratio": b["steps_per_s"] / a["steps_per_s"],
+                "extra_ms_per_step": 1000 / b["steps_per_s"] - 1000 / a["steps_per_s"],
+            })  # fmt: skip
+    if not options.smoke:
+        imports = [seconds([sys.executable, "-c", "import lightning"]) for _ in range(3)]
+        helps = [seconds([sys.executable, "-m", "kiln", "fit", "--help"]) for _ in range(3)]
+        results["startup"] = {"import_lightning_s": statistics.median(imports), "help_s": statistics.median(helps)}
+    write(results, repeats, options.out, readme=not options.smoke)
+
+
+def machine_name() -> str:
+    import torch
+
+    name = f"{platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}"
+    name += f", {torch.get_num_threads()} threads"
+    if torch.cuda.is_available():
+        name += f", {torch.cuda.get_device_name()}"
+    return name
+
+
+def write(results: dict, repeats: int, out: Path, readme: bool) -> None:
+    machine = machine_name()
     lines = [
         f"Machine: {machine}. Medians of {repeats} interleaved runs each, {datetime.now():%Y-%m-%d %H:%M}.",
         "",
-        "| workload | raw steps/s | template steps/s | template/raw | extra ms/step "
-        "| first step raw / template (s) | peak RSS raw / template (MB) |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | measured / baseline | baseline steps/s | measured steps/s | ratio | extra ms/step "
+        "| first step baseline / measured (s) | peak RSS baseline / measured (MB) | peak GPU (MB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, r in results.items():
-        if name == "startup":
-            continue
+    for c in results["comparisons"]:
+        a, b = results["medians"][c["workload"]][c["baseline"]], results["medians"][c["workload"]][c["measured"]]
+        gpu = f"{a['peak_gpu_mb']:.0f} / {b['peak_gpu_mb']:.0f}" if "peak_gpu_mb" in a and "peak_gpu_mb" in b else "-"
         lines.append(
-            f"| {name} | {r['raw_steps_per_s']:.1f} | {r['template_steps_per_s']:.1f} | {r['ratio']:.3f} | "
-            f"{r['extra_ms_per_step']:.2f} | {r['raw_first_step_s']:.1f} / {r['template_first_step_s']:.1f} | "
-            f"{r['raw_peak_rss_mb']:.0f} / {r['template_peak_rss_mb']:.0f} |"
+            f"| {c['workload']} | {c['meaning']} | {a['steps_per_s']:.1f} | {b['steps_per_s']:.1f} | "
+            f"{c['ratio']:.3f} | {c['extra_ms_per_step']:.2f} | {a['first_step_s']:.1f} / {b['first_step_s']:.1f} | "
+            f"{a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} | {gpu} |"
         )
-    s = results["startup"]
-    lines += ["", f"`kiln fit --help`: {s['help_s']:.2f} s; `import lightning`: {s['import_lightning_s']:.2f} s."]
+    if "startup" in results:
+        s = results["startup"]
+        lines += [
+            "",
+            f"`kiln fit --help`: {s['help_s']:.2f} s; `python -c 'import lightning'`: {s['import_lightning_s']:.2f} s.",
+        ]
     table = "\n".join(lines)
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, "results": results}, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S") + ("-smoke" if not readme else "")
+    (out / f"{stamp}.json").write_text(json.dumps({"machine": machine, **results}, indent=2))
     (out / f"{stamp}.md").write_text(table + "\n")
-    readme = HERE / "README.md"
-    text = readme.read_text()
-    start, end = "<!-- results -->", "<!-- /results -->"
-    readme.write_text(text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :])
+    if readme:
+        path = HERE / "README.md"
+        text = path.read_text()
+        start, end = "<!-- results -->", "<!-- /results -->"
+        path.write_text(text[: text.index(start) + len(start)] + "\n" + table + "\n" + text[text.index(end) :])
     print(table)
 
 

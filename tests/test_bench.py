@@ -1,0 +1,30 @@
+"""`make bench` itself: every workload's code path runs (tiny, on the CPU) and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+
+
+@pytest.mark.slow
+def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, str(BENCH), "--smoke", "--workloads", "cifar_gpu", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = tmp_path.glob("*.json")
+    report = json.loads(result.read_text())
+    kinds = report["medians"]["cifar_gpu"]
+    assert set(kinds) == {"raw", "raw_fast", "template_fast", "template_on_device"}
+    for figures in kinds.values():
+        assert figures["steps_per_s"] > 0 and figures["first_step_s"] > 0 and figures["peak_rss_mb"] > 0
+    assert [c["measured"] for c in report["comparisons"]] == ["raw_fast", "template_fast", "template_on_device"]
+    table = next(tmp_path.glob("*.md")).read_text()
+    assert table.count("| cifar_gpu |") == 3
