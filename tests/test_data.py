@@ -127,3 +127,27 @@ def test_synthetic_data_is_cifar_shaped_and_repeatable() -> None:
     x, y = next(iter(a.train_dataloader()))
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and int(y.max()) < 10
     assert (len(a.train_set), len(a.val_set), len(a.test_set)) == (40, 4, 4)  # type: ignore[arg-type]
+
+
+def test_training_batches_do_not_depend_on_worker_count_and_follow_the_epoch() -> None:
+    def epoch(workers: int, number: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        dm = DigitsDataModule(batch_size=64, num_workers=workers)
+        dm.setup()
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(number)  # type: ignore[attr-defined]
+        return list(loader)
+
+    in_process, in_workers = epoch(0, 0), epoch(2, 0)
+    for (xa, ya), (xb, yb) in zip(in_process, in_workers, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)  # same order, same augmentation
+    assert not torch.equal(in_process[0][0], epoch(0, 1)[0][0])  # a new epoch draws anew
+
+
+def test_a_batch_fetch_equals_item_by_item_without_augmentation() -> None:
+    dm = DigitsDataModule(batch_size=64, num_workers=0)
+    dm.setup()
+    assert dm.val_set is not None
+    batch = dm.val_set.__getitems__([3, 1, 4])
+    for key, (x, y) in zip([3, 1, 4], batch, strict=True):
+        x1, y1 = dm.val_set[key]
+        assert torch.equal(x, x1) and torch.equal(y, y1)

@@ -21,9 +21,10 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
     """Images held as one ``N x C x H x W`` tensor (uint8 or float in [0, 1]).
 
     Each item is converted to float, augmented (train only), then normalised, so augmentation
-    fills with true black and normalisation statistics stay those of the raw pixels. Given an
-    ``(epoch, index)`` key (see :class:`ResumableSampler`), the augmentation is seeded from
-    ``(seed, epoch, index)``.
+    fills with true black and normalisation statistics stay those of the raw pixels. Given
+    ``(epoch, index)`` keys (see :class:`ResumableSampler`), the augmentation is seeded from
+    ``(seed, epoch, index)`` of the item, or of a batch's first item when the DataLoader asks for a
+    whole batch (``__getitems__``): the same augmentation in any worker, after any restart.
     """
 
     def __init__(
@@ -48,21 +49,32 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         return len(self.labels)
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
-        epoch, index = key if isinstance(key, tuple) else (None, key)
-        x = self.images[index]
+        x, y = self._batch([key])
+        return x[0], y[0]
+
+    def __getitems__(self, keys: list[int | tuple[int, int]]) -> list[tuple[Tensor, Tensor]]:
+        """A whole batch in a few tensor operations: one gather, one seeding, one normalisation."""
+        x, y = self._batch(keys)
+        return list(zip(x.unbind(0), y.unbind(0), strict=True))
+
+    def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor]:
+        pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
+        index = torch.tensor([i for _, i in pairs], dtype=torch.long)
+        x = self.images[index]  # a copy: in-place operations below leave the dataset alone
         x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
         if self.transform is not None:
+            epoch, first = pairs[0]
             if epoch is None:
-                x = self.transform(x)
-            else:  # the same augmentation for this sample in this epoch, in any worker, after any restart
+                x = torch.stack([self.transform(image) for image in x])
+            else:
                 generator = torch.default_generator  # what the transforms draw from; put back afterwards
                 state = generator.get_state()  # (torch.random.fork_rng + torch.manual_seed cost ~100x more)
-                generator.manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+                generator.manual_seed(hash((self.seed, epoch, first)) & 0x7FFF_FFFF_FFFF_FFFF)
                 try:
-                    x = self.transform(x)
+                    x = torch.stack([self.transform(image) for image in x])
                 finally:
                     generator.set_state(state)
-        return (x - self.mean) / self.std, self.labels[index]
+        return x.sub_(self.mean).div_(self.std), self.labels[index]
 
 
 def default_num_workers() -> int:
