@@ -20,35 +20,46 @@ SHORT = ["--trainer.max_epochs", "2", "--trainer.limit_train_batches", "12", "--
 
 
 class LossRecorder(Callback):
-    """Every training step's loss, in order."""
+    """Every batch's loss (with accumulation: every micro-batch's, undivided), in order."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.losses.append(float(outputs["loss"]))
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        self.losses.append(float(loss) * trainer.accumulate_grad_batches)
 
 
-def test_train_loss_is_the_mean_since_the_last_log_on_logging_steps_and_epoch_ends(tmp_path: Path) -> None:
+# accumulate -> {written step: micro-batches averaged}, and the batches behind the last (epoch-end) value;
+# 12 batches per epoch, Lightning writes every 5th optimizer step (steps 4, 9, ...)
+WINDOWS = {
+    1: ({4: range(0, 5), 9: range(5, 10), 14: range(12, 15), 19: range(15, 20)}, range(20, 24)),
+    2: ({4: range(0, 10), 9: range(12, 20)}, range(20, 24)),  # 6 optimizer steps per epoch
+}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_train_loss_is_the_mean_since_the_last_log_on_written_steps_and_epoch_ends(
+    tmp_path: Path, accumulate: int
+) -> None:
     recorder = LossRecorder()
     cli = build_cli([*SHORT, "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-                     "--trainer.logger.save_dir", str(tmp_path / "logs")], run=False)  # fmt: skip
+                     "--trainer.logger.save_dir", str(tmp_path / "logs"),
+                     "--trainer.accumulate_grad_batches", str(accumulate)], run=False)  # fmt: skip
     cli.trainer.callbacks.append(recorder)  # type: ignore[attr-defined]
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     log_dir = cli.trainer.logger.log_dir  # type: ignore[union-attr]
-    assert log_dir is not None
+    assert log_dir is not None and len(recorder.losses) == 24
     with open(Path(log_dir) / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
     written = {int(r["step"]): float(r["train/loss"]) for r in rows}
-    # Lightning writes step metrics at steps 4, 9, 14, 19 (every 5th); epoch ends log too (not written)
-    assert sorted(written) == [4, 9, 14, 19]
-    windows = {4: range(0, 5), 9: range(5, 10), 14: range(12, 15), 19: range(15, 20)}  # epoch 1 starts at 12
+    windows, last = WINDOWS[accumulate]
+    assert sorted(written) == sorted(windows)
     for step, window in windows.items():
         expected = sum(recorder.losses[i] for i in window) / len(window)
         assert written[step] == pytest.approx(expected, rel=1e-5)
-    # the epoch-end value (steps 20-23) is what callbacks and the progress bar see last
-    last = sum(recorder.losses[20:24]) / 4
-    assert float(cli.trainer.callback_metrics["train/loss"]) == pytest.approx(last, rel=1e-5)
+    # the epoch-end value is what callbacks and the progress bar see last
+    expected_last = sum(recorder.losses[i] for i in last) / len(last)
+    assert float(cli.trainer.callback_metrics["train/loss"]) == pytest.approx(expected_last, rel=1e-5)
     assert "train/acc" in cli.trainer.callback_metrics  # once per epoch, over all its batches
 
 
