@@ -33,7 +33,7 @@ RESNET = ["--model.init_args.net", "kiln.nets.ResNet", "--model.init_args.net.in
 CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512", "--trainer.accelerator", "gpu",
              "--data.num_workers", "4"]  # fmt: skip
 WORKLOADS: dict[str, tuple[list[str], int]] = {
-    "default": ([], 6),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
+    "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
     "resnet": ([*RESNET, "--data.num_samples", "2560", "--data.batch_size", "128"], 3),  # ResNet-20, CIFAR-shaped
     "cifar_gpu": (CIFAR_GPU, 3),  # GPU: 50k CIFAR-shaped images, batch 512
 }
@@ -75,14 +75,15 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
         train, val = order[:1258], order[1258:1438]
         augment = v2.RandomAffine(degrees=10, translate=(0.125, 0.125))
-        net, batch_size = SmallCNN(in_channels=1, num_classes=10, width=32), 64
+        net: torch.nn.Module = SmallCNN(in_channels=1, num_classes=10, width=32)
+        batch_size = 64
 
         class Augmented(TensorDataset):
             def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
                 x, y = super().__getitem__(i)
                 return augment(x), y
 
-        train_set = Augmented(images[train], labels[train])
+        train_set: TensorDataset = Augmented(images[train], labels[train])
         val_set = TensorDataset(images[val], labels[val])
     else:
         from kiln.nets import ResNet
@@ -100,7 +101,7 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     net = net.to(device)
     if fast:
         net = net.to(memory_format=torch.channels_last)
-    model = torch.compile(net) if fast and not small else net
+    model: torch.nn.Module = torch.compile(net) if fast and not small else net  # type: ignore[assignment]
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01)
     total = epochs * len(loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -162,16 +163,16 @@ def run_template(workload: str, epochs: int, started: float, kind: str = "templa
     class Timer(Callback):
         first_step: float | None = None
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if self.first_step is None:
                 self.first_step = time.time() - started
 
-        def on_train_epoch_start(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
             if trainer.current_epoch == 1:
                 sync(pl_module.device)
                 self.timed_from, self.steps_before = time.perf_counter(), trainer.global_step
 
-        def on_train_end(self, trainer, pl_module) -> None:  # type: ignore[no-untyped-def]
+        def on_train_end(self, trainer, pl_module) -> None:
             sync(pl_module.device)
             self.rate = (trainer.global_step - self.steps_before) / (time.perf_counter() - self.timed_from)
             self.device = pl_module.device
@@ -240,6 +241,7 @@ def main() -> None:
         print("no CUDA GPU here: the cifar_gpu workload is left out", file=sys.stderr)
     repeats = 1 if options.smoke else options.repeats
     medians: dict[str, dict[str, dict[str, float]]] = {}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     for workload in workloads:
         samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS[workload]}
         for repeat in range(repeats):
@@ -247,19 +249,27 @@ def main() -> None:
                 samples[kind].append(one(kind, workload, options.smoke))
                 print(f"{workload} {kind} #{repeat + 1}: {samples[kind][-1]}", file=sys.stderr)
         medians[workload] = {k: {m: statistics.median(s[m] for s in v) for m in v[0]} for k, v in samples.items()}
-    results: dict[str, object] = {"medians": medians, "comparisons": []}
+        runs[workload] = samples
+    results: dict[str, object] = {"medians": medians, "runs": runs, "comparisons": []}
     for workload, base, measured, meaning in COMPARISONS:
-        if workload in medians:
-            a, b = medians[workload][base], medians[workload][measured]
+        if workload in runs:  # paired: each repeat's runs ran back to back, so machine drift cancels
+            pairs = list(zip(runs[workload][base], runs[workload][measured], strict=True))
             results["comparisons"].append({  # type: ignore[attr-defined]
                 "workload": workload, "baseline": base, "measured": measured, "meaning": meaning,
-                "ratio": b["steps_per_s"] / a["steps_per_s"],
-                "extra_ms_per_step": 1000 / b["steps_per_s"] - 1000 / a["steps_per_s"],
+                "ratio": statistics.median(b["steps_per_s"] / a["steps_per_s"] for a, b in pairs),
+                "extra_ms_per_step": statistics.median(1000 / b["steps_per_s"] - 1000 / a["steps_per_s"]
+                                                       for a, b in pairs),
             })  # fmt: skip
     if not options.smoke:
-        imports = [seconds([sys.executable, "-c", "import lightning"]) for _ in range(3)]
-        helps = [seconds([sys.executable, "-m", "kiln", "fit", "--help"]) for _ in range(3)]
-        results["startup"] = {"import_lightning_s": statistics.median(imports), "help_s": statistics.median(helps)}
+        imports, helps = [], []
+        for _ in range(repeats):  # interleaved as well
+            imports.append(seconds([sys.executable, "-c", "import lightning"]))
+            helps.append(seconds([sys.executable, "-m", "kiln", "fit", "--help"]))
+        results["startup"] = {
+            "import_lightning_s": statistics.median(imports),
+            "help_s": statistics.median(helps),
+            "help_extra_s": statistics.median(h - i for h, i in zip(helps, imports, strict=True)),
+        }
     write(results, repeats, options.out, readme=not options.smoke)
 
 
@@ -276,7 +286,8 @@ def machine_name() -> str:
 def write(results: dict, repeats: int, out: Path, readme: bool) -> None:
     machine = machine_name()
     lines = [
-        f"Machine: {machine}. Medians of {repeats} interleaved runs each, {datetime.now():%Y-%m-%d %H:%M}.",
+        f"Machine: {machine}. Medians of {repeats} interleaved runs each (ratio and extra ms/step: medians "
+        f"of the back-to-back pairs), {datetime.now():%Y-%m-%d %H:%M}.",
         "",
         "| workload | measured / baseline | baseline steps/s | measured steps/s | ratio | extra ms/step "
         "| first step baseline / measured (s) | peak RSS baseline / measured (MB) | peak GPU (MB) |",

@@ -97,3 +97,28 @@ def test_per_sample_transforms_with_on_device_are_refused_naming_the_fix() -> No
 
     with pytest.raises(ValueError, match=r"data\.batch_augment"):
         DigitsDataModule(on_device=True, train_transforms=[v2.RandomHorizontalFlip()])
+
+
+def test_on_device_training_reaches_the_dataloader_accuracy() -> None:
+    from kiln.cli import build_cli
+
+    args = ["fit", "--data.on_device", "true", "--trainer.max_epochs", "12", "--trainer.logger", "false"]
+    cli = build_cli(args)
+    assert isinstance(cli.datamodule.train_dataloader(), DeviceLoader)
+    assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.97
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_device_batches_live_on_the_gpu_and_training_learns() -> None:
+    from conftest import CONFIGS
+
+    from kiln.cli import build_cli
+
+    args = ["fit", "-c", str(CONFIGS / "trainer" / "gpu.yaml"), "-c", str(CONFIGS / "data" / "on_device.yaml")]
+    cli = build_cli([*args, "--trainer.max_epochs", "12", "--trainer.logger", "false"])
+    loader = cli.datamodule.train_dataloader()
+    assert isinstance(loader, DeviceLoader) and loader.images.is_cuda
+    x, y = next(iter(loader))
+    assert x.is_cuda and y.is_cuda
+    assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.97
