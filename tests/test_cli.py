@@ -78,10 +78,12 @@ def test_wandb_mode_set_by_user_is_respected(monkeypatch: pytest.MonkeyPatch, ca
     assert "W&B: no API key" not in capsys.readouterr().err
 
 
-def test_predict_writes_probabilities_to_run_folder() -> None:
-    fit = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+@pytest.mark.parametrize("on_device", [False, True], ids=["loader", "on_device"])
+def test_predict_writes_probabilities_to_run_folder(on_device: bool) -> None:
+    data = ["--data.on_device", str(on_device).lower()]
+    fit = build_cli(["fit", *LIMIT, *data, "--run.test_after_fit", "false", "--trainer.logger", "false"])
     ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-    main(["predict", "--ckpt_path", str(ckpt), "--trainer.logger", "false"])
+    main(["predict", *data, "--ckpt_path", str(ckpt), "--trainer.logger", "false"])
     predict_dir = next(d for d in run_dirs() if str(d) != fit.trainer.default_root_dir)
     with (predict_dir / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -89,7 +91,7 @@ def test_predict_writes_probabilities_to_run_folder() -> None:
     probs = [float(rows[0][f"p{c}"]) for c in range(10)]
     assert sum(probs) == pytest.approx(1.0, abs=1e-4)
     assert int(rows[0]["predicted"]) == max(range(10), key=probs.__getitem__)
-    assert {int(r["index"]) for r in rows} == set(range(359))
+    assert [int(r["index"]) for r in rows] == list(range(359))  # the test split, in order
 
 
 @pytest.mark.parametrize(

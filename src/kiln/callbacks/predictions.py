@@ -29,6 +29,7 @@ class PredictionWriter(BasePredictionWriter):
         self.path: Path | None = None
         self._file: IO[str] | None = None
         self._writer: Any = None
+        self._rows = 0  # rows written: the dataset index where Lightning knows none
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         folder = Path(self.output_dir or trainer.default_root_dir)
@@ -38,6 +39,7 @@ class PredictionWriter(BasePredictionWriter):
         self.path = folder / name
         self._file = self.path.open("w", newline="")
         self._writer = csv.writer(self._file)
+        self._rows = 0
 
     def write_on_batch_end(
         self,
@@ -54,7 +56,10 @@ class PredictionWriter(BasePredictionWriter):
             self._writer.writerow(["index", "label", "predicted", *[f"p{c}" for c in range(probs.shape[1])]])
         n = len(probs)
         labels = batch[1].tolist() if isinstance(batch, (tuple, list)) and len(batch) > 1 else [""] * n
-        indices = list(batch_indices) if batch_indices is not None else [""] * n
+        # Lightning gives indices for DataLoaders only; prediction order is never shuffled, so the
+        # running count is the dataset index for other iterables (the on-device path)
+        indices = list(batch_indices) if batch_indices else list(range(self._rows, self._rows + n))
+        self._rows += n
         predicted = probs.argmax(dim=1).tolist()
         for index, label, pred, row in zip(indices, labels, predicted, probs.tolist(), strict=True):
             self._writer.writerow([index, label, pred, *(f"{p:.6f}" for p in row)])
