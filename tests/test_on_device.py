@@ -122,3 +122,16 @@ def test_on_device_batches_live_on_the_gpu_and_training_learns() -> None:
     x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda
     assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.97
+
+
+def test_a_dataset_too_big_for_the_gpu_is_refused_with_sizes_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.data.on_device import check_fits
+    from kiln.errors import DeviceMemoryError
+
+    images = torch.zeros(1024, 3, 32, 32, dtype=torch.uint8)  # 3 MiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * 2**20, 80 * 2**30))
+    with pytest.raises(DeviceMemoryError, match=r"needs 3 MiB but cuda:0 has 4 MiB free.*on_device=false"):
+        check_fits([images], torch.device("cuda", 0))  # 3 MiB of 4 MiB free: over half
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**20, 80 * 2**30))
+    check_fits([images], torch.device("cuda", 0))  # fits in half of 8 MiB
+    check_fits([images], torch.device("cpu"))  # host memory already holds it

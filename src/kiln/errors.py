@@ -11,3 +11,7 @@ class MissingDataError(KilnError, FileNotFoundError):
 
 class HealthCheckError(KilnError):
     """A batch or a training step failed a health check; the message names the batch, field and values."""
+
+
+class DeviceMemoryError(KilnError):
+    """A dataset asked to live on the device does not fit in its free memory."""

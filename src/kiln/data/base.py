@@ -11,7 +11,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from kiln.data.on_device import DeviceLoader
+from kiln.data.on_device import DeviceLoader, check_fits
 from kiln.data.sampling import ResumableSampler
 
 Transform = Callable[[Tensor], Tensor]
@@ -197,6 +197,9 @@ class ImageDataModule(LightningDataModule):
         if not isinstance(dataset, ImageTensorDataset):
             raise TypeError(f"on_device needs ImageTensorDataset splits, got {type(dataset).__name__}")
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if not self._device_copies:  # before the first copy: every split, or a clear error
+            splits = [d for d in (self.train_set, self.val_set, self.test_set) if d is not None]
+            check_fits([t for d in splits for t in (d.images, d.labels)], device)
         if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
             self._device_copies[id(dataset)] = (dataset.images.to(device), dataset.labels.to(device))
         images, labels = self._device_copies[id(dataset)]

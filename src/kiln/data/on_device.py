@@ -10,6 +10,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.data.sampling import ResumableSampler
+from kiln.errors import DeviceMemoryError
+
+
+def check_fits(tensors: Sequence[Tensor], device: torch.device, share: float = 0.5) -> None:
+    """Refuse, with the sizes and the fix, to move tensors that would take over ``share`` of the device's free memory.
+
+    The rest stays for the model, activations and optimizer; a CUDA out-of-memory error halfway
+    through moving the splits would say none of that.
+    """
+    if device.type != "cuda":
+        return  # host memory already holds the data
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    free, _ = torch.cuda.mem_get_info(device)
+    if needed > share * free:
+        raise DeviceMemoryError(
+            f"data.on_device: the data needs {_size(needed)} but {device} has {_size(free)} free "
+            f"(at most {share:.0%} of it goes to data): set data.init_args.on_device=false to load batches with a "
+            "DataLoader instead"
+        )
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.0f} MiB"
 
 
 class BatchRandomAffine(nn.Module):
