@@ -44,10 +44,10 @@ KINDS = {"default": ["raw", "template"], "resnet": ["raw", "template"],
          "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device"]}  # fmt: skip
 
 
-def smoke(args: list[str], epochs: int) -> tuple[list[str], int]:
+def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
     swap = {"50000": "512", "512": "64", "gpu": "cpu", "4": "0"}
-    return [swap.get(a, a) for a in args], min(epochs, 2)
+    return [swap.get(a, a) for a in args]
 
 
 def peak_rss_mb() -> float:
@@ -178,7 +178,7 @@ def run_template(workload: str, epochs: int, started: float, kind: str = "templa
             self.device = pl_module.device
 
     runs = tempfile.mkdtemp(prefix="kiln-bench-")
-    args, _ = smoke(*WORKLOADS[workload]) if small else WORKLOADS[workload]
+    args = smoke(WORKLOADS[workload][0]) if small else WORKLOADS[workload][0]
     if kind != "template":  # template_fast, template_on_device
         args = [*args, *(FAST if not small else FAST[:2])]
     if kind == "template_on_device":

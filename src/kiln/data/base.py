@@ -11,7 +11,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from kiln.data.on_device import DeviceLoader, check_fits
+from kiln.data.on_device import DeviceLoader, check_fits, to_unit_float
 from kiln.data.sampling import ResumableSampler
 
 Transform = Callable[[Tensor], Tensor]
@@ -60,19 +60,17 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
     def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor]:
         pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
         index = torch.tensor([i for _, i in pairs], dtype=torch.long)
-        x = self.images[index]  # a copy: in-place operations below leave the dataset alone
-        x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
+        x = to_unit_float(self.images[index])  # a copy: the in-place operations below leave the dataset alone
         if self.transform is not None:
             epoch, first = pairs[0]
-            if epoch is None:
-                x = torch.stack([self.transform(image) for image in x])
-            else:
-                generator = torch.default_generator  # what the transforms draw from; put back afterwards
-                state = generator.get_state()  # (torch.random.fork_rng + torch.manual_seed cost ~100x more)
+            generator = torch.default_generator  # what the transforms draw from; put back afterwards
+            state = generator.get_state() if epoch is not None else None  # (fork_rng + manual_seed: ~100x more)
+            if epoch is not None:
                 generator.manual_seed(hash((self.seed, epoch, first)) & 0x7FFF_FFFF_FFFF_FFFF)
-                try:
-                    x = torch.stack([self.transform(image) for image in x])
-                finally:
+            try:
+                x = torch.stack([self.transform(image) for image in x])
+            finally:
+                if state is not None:
                     generator.set_state(state)
         return x.sub_(self.mean).div_(self.std), self.labels[index]
 

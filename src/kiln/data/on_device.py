@@ -31,6 +31,11 @@ def check_fits(tensors: Sequence[Tensor], device: torch.device, share: float = 0
         )
 
 
+def to_unit_float(images: Tensor) -> Tensor:
+    """uint8 pixels to float in [0, 1]; float images as they are. Used per batch by both data paths."""
+    return images.float().div_(255) if images.dtype == torch.uint8 else images.float()
+
+
 def _size(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.0f} MiB"
 
@@ -128,8 +133,7 @@ class DeviceLoader:
             order = torch.tensor([index for _, index in keys], dtype=torch.long).to(self.images.device)
         for number, start in enumerate(range(0, len(order), self.batch_size), start=first_batch):
             index = order[start : start + self.batch_size]
-            x = self.images[index]
-            x = x.float().div_(255) if x.dtype == torch.uint8 else x.float()
+            x = to_unit_float(self.images[index])
             if self.augment is not None:
                 self.generator.manual_seed(hash((self.seed, epoch, number)) & 0x7FFF_FFFF_FFFF_FFFF)
                 x = self.augment(x, self.generator)
