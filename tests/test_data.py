@@ -151,3 +151,18 @@ def test_a_batch_fetch_equals_item_by_item_without_augmentation() -> None:
     for key, (x, y) in zip([3, 1, 4], batch, strict=True):
         x1, y1 = dm.val_set[key]
         assert torch.equal(x, x1) and torch.equal(y, y1)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_batches_are_built_without_autograd_but_train_like_any_tensor(on_device: bool) -> None:
+    """Augmentation runs under inference_mode for speed; the batch that leaves it must still be trainable."""
+    dm = DigitsDataModule(batch_size=16, num_workers=0, on_device=on_device)
+    dm.setup()
+    x, y = next(iter(dm.train_dataloader()))
+    assert dm.train_set is not None
+    item = dm.train_set[0]  # a sample on its own (a notebook), with no collate to copy it
+    assert not any(t.is_inference() for t in (x, y, *item))
+    conv = torch.nn.Conv2d(1, 4, 3)  # saves its input for the weight gradient: refused for inference tensors
+    loss = torch.nn.functional.cross_entropy(conv(x).mean((2, 3)), y % 4)
+    loss.backward()
+    assert conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()

@@ -60,19 +60,24 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
     def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor]:
         pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
         index = torch.tensor([i for _, i in pairs], dtype=torch.long)
-        x = to_unit_float(self.images[index])  # a copy: the in-place operations below leave the dataset alone
-        if self.transform is not None:
-            epoch, first = pairs[0]
-            generator = torch.default_generator  # what the transforms draw from; put back afterwards
-            state = generator.get_state() if epoch is not None else None  # (fork_rng + manual_seed: ~100x more)
-            if epoch is not None:
-                generator.manual_seed(hash((self.seed, epoch, first)) & 0x7FFF_FFFF_FFFF_FFFF)
-            try:
-                x = torch.stack([self.transform(image) for image in x])
-            finally:
-                if state is not None:
-                    generator.set_state(state)
-        return x.sub_(self.mean).div_(self.std), self.labels[index]
+        with torch.inference_mode():  # no autograd bookkeeping: per-sample transforms run ~20% faster
+            x = self._augmented(self.images[index], *pairs[0])
+        # outside inference mode, so the batch is an ordinary tensor that autograd may save
+        return (x - self.mean) / self.std, self.labels[index]
+
+    def _augmented(self, images: Tensor, epoch: int | None, first: int) -> Tensor:
+        x = to_unit_float(images)
+        if self.transform is None:
+            return x
+        generator = torch.default_generator  # what the transforms draw from; put back afterwards
+        state = generator.get_state() if epoch is not None else None  # (fork_rng + manual_seed: ~100x more)
+        if epoch is not None:
+            generator.manual_seed(hash((self.seed, epoch, first)) & 0x7FFF_FFFF_FFFF_FFFF)
+        try:
+            return torch.stack([self.transform(image) for image in x])
+        finally:
+            if state is not None:
+                generator.set_state(state)
 
 
 def default_num_workers() -> int:

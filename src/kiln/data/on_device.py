@@ -133,8 +133,9 @@ class DeviceLoader:
             order = torch.tensor([index for _, index in keys], dtype=torch.long).to(self.images.device)
         for number, start in enumerate(range(0, len(order), self.batch_size), start=first_batch):
             index = order[start : start + self.batch_size]
-            x = to_unit_float(self.images[index])
-            if self.augment is not None:
-                self.generator.manual_seed(hash((self.seed, epoch, number)) & 0x7FFF_FFFF_FFFF_FFFF)
-                x = self.augment(x, self.generator)
-            yield (x - self.mean) / self.std, self.labels[index]
+            with torch.inference_mode():  # not held across the yield: the training step needs autograd
+                x = to_unit_float(self.images[index])
+                if self.augment is not None:
+                    self.generator.manual_seed(hash((self.seed, epoch, number)) & 0x7FFF_FFFF_FFFF_FFFF)
+                    x = self.augment(x, self.generator)
+            yield (x - self.mean) / self.std, self.labels[index]  # ordinary tensors, made outside inference mode
