@@ -139,6 +139,16 @@ def test_module_entry_point_help_and_exit_code(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "nope" in bad.stderr
 
 
+def test_help_imports_nothing_the_command_does_not_need() -> None:
+    # a fresh interpreter: this test process has long imported W&B
+    probe = "import sys; from kiln.cli import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"
+    probe += "print('imported:', *sorted(m for m in ('wandb', 'sklearn', 'tensorboard') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "kiln.loggers.Wandb" in done.stdout  # the default logger is described ...
+    assert done.stdout.splitlines()[-1] == "imported:"  # ... without importing W&B to do it
+
+
 @pytest.mark.slow
 def test_default_experiment_reaches_98_percent_test_accuracy() -> None:
     cli = build_cli(["fit"])  # exactly what `make train` runs

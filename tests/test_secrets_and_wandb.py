@@ -9,7 +9,8 @@ import pytest
 import torch
 from conftest import LIMIT
 
-from kiln.cli import main
+from kiln.cli import build_cli, main
+from kiln.loggers import Wandb
 from kiln.secrets import REDACTED, redact
 
 
@@ -51,3 +52,16 @@ def test_key_without_reachable_server_logs_offline_quickly(
     (run_dir,) = Path("runs/digits").iterdir()
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
     assert elapsed < 60  # a blocked W&B start-up alone takes ~100 s; this whole run takes seconds
+
+
+def test_wandb_logger_arguments_reach_the_run_without_deprecation_warnings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = ["--trainer.logger.init_args.tags", "[a, b]", "--trainer.logger.init_args.group", "g1"]
+    cli = build_cli(["fit", *LIMIT, "--trainer.max_epochs", "1", "--run.test_after_fit", "false", *args])
+    run = cli.trainer.logger.experiment  # type: ignore[union-attr]
+    assert isinstance(cli.trainer.logger, Wandb)
+    assert tuple(run.tags) == ("a", "b") and run.group == "g1" and run.project == "kiln"
+    assert run.name == f"digits/{cli.run_dir.name}"  # type: ignore[union-attr]
+    assert "anonymous" not in capsys.readouterr().err  # Lightning's class passes it and W&B warns every run

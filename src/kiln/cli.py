@@ -125,7 +125,7 @@ class KilnCLI(LightningCLI):
             print(notice, file=sys.stderr)
         for logger in _class_nodes(config.trainer.logger):
             logger.init_args.save_dir = str(self.run_dir)
-            if logger.class_path.endswith("WandbLogger"):
+            if logger.class_path.rsplit(".", 1)[-1] in ("Wandb", "WandbLogger"):  # kiln's or Lightning's
                 if notice := ensure_wandb_mode():
                     print(notice, file=sys.stderr)
                 if logger.init_args.get("mode") is None:  # per run: W&B reads the variable once per process
