@@ -102,7 +102,7 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     if fast:
         net = net.to(memory_format=torch.channels_last)
     model: torch.nn.Module = torch.compile(net) if fast and not small else net  # type: ignore[assignment]
-    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01, fused=True)  # as the template
     total = epochs * len(loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / max(1, int(0.05 * total))) * 0.5 * (1 + math.cos(math.pi * s / total))

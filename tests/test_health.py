@@ -7,13 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CONFIGS, LIMIT, callback
+from faulty import NaNAtSteps
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count as readable
 from PIL import Image
+from torch.optim import Optimizer
 
 from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, OverfitReport
 from kiln.callbacks.batch_checks import check_batch
 from kiln.cli import KilnCLI, build_cli, main
-from kiln.errors import HealthCheckError
+from kiln.data import DigitsDataModule
+from kiln.errors import HealthCheckError, KilnError
+from kiln.models import ImageClassifier
 
 
 def params(cli: KilnCLI) -> dict[str, torch.Tensor]:
@@ -155,3 +160,66 @@ def test_parameter_summary_counts_total_trainable_and_frozen(capsys: pytest.Capt
     assert f"Trainable params: {readable(total - frozen).strip()}" in out
     assert f"Total params: {readable(total).strip()}" in out
     assert f"Total estimated model params size (MB): {total * 4 / 1e6:.3f}" in out
+
+
+DEFERRED = ["--non_finite.defer", "true", "--non_finite.check_every_n_steps", "2", "--trainer.logger", "false"]
+
+
+def test_deferred_check_skips_on_the_device_and_stops_at_the_next_read(tmp_path: Path) -> None:
+    k = 7  # epoch 2, batch 1; the host reads the verdicts at steps 2, 4, 6, 8 and before each checkpoint
+    cli = build_cli(["-c", nan_net_config(tmp_path, [k]), *DEFERRED], run=False)
+    with pytest.raises(HealthCheckError, match=rf"non-finite training step {k} \(loss=nan\).*found at step 8"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 8  # one finite step after the bad one, then the read stopped it
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())  # the fused step skipped itself
+    optimizer = cli.trainer.optimizers[0]
+    assert not hasattr(optimizer, "found_inf")  # the optimizer is left as it was given
+    assert {int(state["step"]) for state in optimizer.state.values()} == {8 - 1}  # AdamW counted 7 steps
+    for path in Path(cli.trainer.default_root_dir).glob("checkpoints/*.ckpt"):
+        assert torch.load(path, weights_only=True)["global_step"] < k
+
+
+def test_deferred_skip_mode_counts_skips_on_the_device(tmp_path: Path) -> None:
+    skip = ["--non_finite.action", "skip", "--non_finite.max_skips", "2"]
+    cli = build_cli(["-c", nan_net_config(tmp_path, [4, 8]), *DEFERRED, *skip], run=False)
+    guard = callback(cli, NonFiniteGuard)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert guard.skipped == 2 and cli.trainer.global_step == 12
+    assert float(cli.trainer.callback_metrics["health/skipped_steps"]) == 2
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+    assert {int(state["step"]) for state in cli.trainer.optimizers[0].state.values()} == {12 - 2}
+    last = torch.load(Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["callbacks"]["NonFiniteGuard"]["skipped"] == 2  # a resumed run keeps counting
+
+    cli = build_cli(["-c", nan_net_config(tmp_path, [1, 2, 3]), *DEFERRED, *skip], run=False)
+    with pytest.raises(HealthCheckError, match=r"non-finite training step 3 .*more than max_skips=2"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+def test_deferred_check_with_an_unfused_optimizer_is_refused_naming_the_fix() -> None:
+    unfused = ["--model.init_args.optimizer.init_args.fused", "false", *LIMIT]
+    cli = build_cli([*unfused, *DEFERRED], run=False)
+    with pytest.raises(KilnError, match=r"non_finite.defer=true needs a fused optimizer.*AdamW.*fused: true"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+class SyncFreeGuard(NonFiniteGuard):
+    """The guard with CUDA's sync detector armed around its per-step check: any host sync raises."""
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            super().on_before_optimizer_step(trainer, pl_module, optimizer)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_guard_checks_every_step_without_a_host_sync() -> None:
+    guard = SyncFreeGuard(action="skip", check_every_n_steps=5)
+    model = ImageClassifier(NaNAtSteps(steps=[3], in_channels=1, num_classes=10), num_classes=10)  # fused AdamW
+    trainer = Trainer(accelerator="gpu", devices=1, max_steps=12, limit_val_batches=0, callbacks=[guard],
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=64, num_workers=0))
+    assert guard.skipped == 1 and all(torch.isfinite(p).all() for p in model.parameters())

@@ -15,3 +15,7 @@ class HealthCheckError(KilnError):
 
 class DeviceMemoryError(KilnError):
     """A dataset asked to live on the device does not fit in its free memory."""
+
+
+class ConfigError(KilnError, ValueError):
+    """Settings that cannot work together; the message names them and the fix."""

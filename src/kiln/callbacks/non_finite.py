@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from kiln.callbacks.grad_norm import total_gradient_norm
-from kiln.errors import HealthCheckError
+from kiln.errors import ConfigError, HealthCheckError
 
 
 def _has_grad_scaler(trainer: Trainer) -> bool:
@@ -18,26 +18,58 @@ def _has_grad_scaler(trainer: Trainer) -> bool:
     return getattr(trainer.precision_plugin, "scaler", None) is not None
 
 
+def _is_fused(optimizer: Optimizer) -> bool:
+    """torch's fused kernels (``fused=True``) skip a step on the device when ``optimizer.found_inf`` is 1."""
+    return bool(optimizer.defaults.get("fused"))
+
+
 class NonFiniteGuard(Callback):
     """Checks each step's loss and gradients just before the optimizer step.
 
     Lightning by default trains on with NaN weights. Here a non-finite step either stops the run
-    with an error naming the step, the loss and the first parameter with a non-finite gradient
-    (``action="stop"``), or is skipped, counted and logged as ``health/skipped_steps``
-    (``action="skip"``) until more than ``max_skips`` steps were skipped. The weights and every
-    checkpoint keep the last finite state. One device sync per step: the price of stopping in time
-    (``action="off"`` removes it).
+    with an error naming the step and its loss (``action="stop"``), or is skipped, counted and
+    logged as ``health/skipped_steps`` (``action="skip"``) until more than ``max_skips`` steps were
+    skipped. The weights and every checkpoint keep the last finite state.
+
+    Two ways to check. Immediate: the verdict is read on the host every step, so ``stop`` stops at
+    the bad step itself and names the first parameter with a non-finite gradient; on a GPU that is
+    a device sync per step, which stalls the queue of kernels. Deferred (on CUDA with a fused
+    optimizer, as in the default experiment): the verdict goes to the optimizer as ``found_inf``,
+    the tensor a GradScaler uses, so the fused kernel leaves weights and optimizer state untouched
+    on a bad step without the host waiting; the host reads the count every
+    ``check_every_n_steps`` steps, before every checkpoint and at the end, so ``stop`` stops
+    within that many steps of the bad one, which the weights never took.
 
     Args:
         action: ``stop`` at the first non-finite step, ``skip`` it, or ``off``.
         max_skips: With ``skip``: the number of skipped steps tolerated before stopping.
+        defer: Deferred checking: ``None`` on CUDA with a fused optimizer, ``True`` wherever the
+            optimizer is fused (``fused: true`` in its init_args), ``False`` never.
+        check_every_n_steps: With deferred checking: how often the host reads the verdicts.
     """
 
-    def __init__(self, action: Literal["stop", "skip", "off"] = "stop", max_skips: int = 10) -> None:
+    def __init__(
+        self,
+        action: Literal["stop", "skip", "off"] = "stop",
+        max_skips: int = 10,
+        defer: bool | None = None,
+        check_every_n_steps: int = 50,
+    ) -> None:
         self.action = action
         self.max_skips = max_skips
+        self.defer = defer
+        self.check_every_n_steps = check_every_n_steps
         self.skipped = 0
         self._loss: Tensor | None = None
+        self._bad: Tensor | None = None  # deferred: non-finite steps so far, on the device
+        self._first_step = self._first_loss = torch.zeros(())  # deferred: the first since the last read
+        self._read_at = -1  # deferred: the step of the last read
+        self._logged = 0  # deferred: the count last logged
+        self._optimizers: list[Optimizer] = []
+        self._trainer: Trainer | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict (called for every checkpoint) gets no trainer
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Tensor) -> None:
         self._loss = loss.detach() if self.action != "off" else None
@@ -45,11 +77,15 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
         if self.action == "off":
             return
-        norm = None if _has_grad_scaler(trainer) else total_gradient_norm(trainer, optimizer)
+        scaler = _has_grad_scaler(trainer)
+        norm = None if scaler else total_gradient_norm(trainer, optimizer)
         if norm is None and self._loss is None:
             return
         # one scalar: NaN or Inf in the loss or any gradient makes the sum non-finite
         total = (norm if norm is not None else 0.0) + (self._loss.float() if self._loss is not None else 0.0)
+        if not scaler and self._deferred(pl_module, optimizer):
+            self._mark_on_device(trainer, optimizer, torch.as_tensor(total))
+            return
         if bool(torch.isfinite(torch.as_tensor(total))):
             return
         message = self._describe(trainer, pl_module)
@@ -61,6 +97,82 @@ class NonFiniteGuard(Callback):
         if self.action == "skip":
             message += f"; {self.skipped} steps were already skipped (max_skips={self.max_skips})"
         raise HealthCheckError(message)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        unfused = [type(o).__name__ for o in trainer.optimizers if not _is_fused(o)]
+        if self.defer and self.action != "off" and unfused:
+            raise ConfigError(
+                f"non_finite.defer=true needs a fused optimizer, and {unfused[0]} is not: set fused: true in "
+                "the optimizer's init_args (AdamW, Adam, SGD and Adagrad have one), or non_finite.defer: null"
+            )
+
+    def _deferred(self, pl_module: LightningModule, optimizer: Optimizer) -> bool:
+        if self.defer is False or not _is_fused(optimizer):
+            return False
+        return bool(self.defer) or pl_module.device.type == "cuda"
+
+    def _mark_on_device(self, trainer: Trainer, optimizer: Optimizer, total: Tensor) -> None:
+        """Hand the verdict to the fused step and keep count, all on the device: no host sync."""
+        bad = ~torch.isfinite(total)
+        optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # the fused step skips itself on 1
+        if optimizer not in self._optimizers:
+            self._optimizers.append(optimizer)
+        if self._bad is None:
+            self._bad = torch.full((), self.skipped, dtype=torch.long, device=bad.device)
+            self._first_step = torch.full((), -1, dtype=torch.long, device=bad.device)
+            self._first_loss = torch.full((), float("nan"), device=bad.device)
+        first = bad & (self._first_step < 0)
+        self._first_step = torch.where(first, trainer.global_step, self._first_step)  # a scalar: no copy
+        if self._loss is not None:
+            self._first_loss = torch.where(first, self._loss.float(), self._first_loss)
+        self._bad += bad
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self._bad is None or step % self.check_every_n_steps or step == self._read_at:
+            return
+        self._read_verdicts()
+        if self.skipped != self._logged:  # also counts read for a checkpoint in between
+            self._logged = self.skipped
+            pl_module.log("health/skipped_steps", float(self.skipped), on_step=True, on_epoch=False)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read_verdicts()
+
+    def _read_verdicts(self) -> None:
+        """Deferred checking: move the count to the host (one sync) and act on new non-finite steps."""
+        if self._bad is None:
+            return
+        count = int(self._bad)
+        self._read_at = self._trainer.global_step if self._trainer is not None else -1
+        if count == self.skipped:
+            return
+        step, loss = int(self._first_step), float(self._first_loss)
+        self._first_step = torch.full_like(self._first_step, -1)
+        new, self.skipped = count - self.skipped, count
+        if self.action == "skip" and count <= self.max_skips:
+            return
+        message = (
+            f"non-finite training step {step} (loss={loss}): the fused optimizer skipped it on the device, so "
+            f"the weights never took it; found at step {self._read_at} (read every {self.check_every_n_steps} "
+            f"steps), {new} non-finite step(s) since the last read. Try a lower learning rate, gradient "
+            "clipping, `--non_finite.defer false` to stop at the step itself and name the parameter, or "
+            "`-c configs/debug/anomaly.yaml` to find the operation that produced it"
+        )
+        if self.action == "skip":
+            message += f"; more than max_skips={self.max_skips} steps were skipped"
+        raise HealthCheckError(message)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for optimizer in self._optimizers:  # leave the optimizer as it was given
+            if hasattr(optimizer, "found_inf"):
+                del optimizer.found_inf
+        self._optimizers.clear()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")
 
     def _describe(self, trainer: Trainer, pl_module: LightningModule) -> str:
         loss = float(self._loss) if self._loss is not None else float("nan")
@@ -77,6 +189,7 @@ class NonFiniteGuard(Callback):
         )
 
     def state_dict(self) -> dict[str, Any]:
+        self._read_verdicts()  # every checkpoint: a pending non-finite step stops (or counts) first
         return {"skipped": self.skipped}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
