@@ -126,6 +126,16 @@ def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
     assert any(k.startswith("grad/net.") for k in cli.trainer.callback_metrics)  # per-layer norms at step 0
 
 
+def test_non_finite_norms_are_not_spikes_and_stay_out_of_the_running_median() -> None:
+    monitor = GradNormMonitor(check_every_n_steps=1)
+    norms = [1.0] * 12 + [float("nan"), float("inf")] + [1.0] * 5 + [50.0]  # NaN/Inf: NonFiniteGuard's steps
+    with pytest.warns(UserWarning, match="gradient norm spike at step 19"):
+        for step, norm in enumerate(norms):
+            monitor._pending.append(torch.tensor(norm))
+            monitor._check_spikes(step)
+    assert [step for step, _, _ in monitor.spikes] == [19]
+
+
 def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     main(["fit", *LIMIT])

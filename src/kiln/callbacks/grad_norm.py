@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -91,6 +92,8 @@ class GradNormMonitor(Callback):
         first_step = last_step - len(values) + 1
         self._pending.clear()
         for offset, value in enumerate(values):
+            if not math.isfinite(value):  # NonFiniteGuard's to report; kept out of the running median
+                continue
             if len(self._past) >= 10:
                 median = sorted(self._past)[len(self._past) // 2]
                 if value > self.spike_factor * median:
