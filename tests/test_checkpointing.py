@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,36 @@ def test_training_writes_through_the_atomic_io() -> None:
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     checkpoints = Path(cli.trainer.default_root_dir) / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file() and not list(checkpoints.glob(".*.tmp"))
+    best, last = Path(cli.trainer.checkpoint_callback.best_model_path), checkpoints / "last.ckpt"  # type: ignore[union-attr]
+    same_step = load_checkpoint_file(best)["global_step"] == load_checkpoint_file(last)["global_step"]
+    assert os.path.samefile(best, last) == same_step  # written once when both hold the same step
+
+
+def test_a_second_save_of_the_same_state_links_the_first_and_training_in_between_writes_anew(tmp_path: Path) -> None:
+    io, net = AtomicCheckpointIO(), torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+
+    def checkpoint() -> dict:  # the step number stays 7 throughout: only the tensors tell the states apart
+        return {"global_step": 7, "state_dict": net.state_dict(), "optimizer_states": [optimizer.state_dict()]}
+
+    def train_step() -> None:
+        net(torch.randn(4, 3)).square().sum().backward()
+        optimizer.step()
+
+    train_step()
+    io.save_checkpoint(checkpoint(), tmp_path / "best.ckpt")
+    io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")
+    assert os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
+    best_weight = net.weight.detach().clone()
+    train_step()
+    io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")
+    assert not os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
+    assert torch.equal(load_checkpoint_file(tmp_path / "best.ckpt")["state_dict"]["weight"], best_weight)
+    assert torch.equal(load_checkpoint_file(tmp_path / "last.ckpt")["state_dict"]["weight"], net.weight.detach())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "last.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
 
 
 @pytest.mark.parametrize(

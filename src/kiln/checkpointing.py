@@ -13,6 +13,18 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from kiln.errors import KilnError
 
+_UMASK = os.umask(0o022)  # read once (setting is the only way to read it) and put back
+os.umask(_UMASK)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make renames in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 class CheckpointError(KilnError):
     """A checkpoint file that is missing, truncated, corrupted, or not a safe checkpoint."""
@@ -41,32 +53,70 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool
     return checkpoint
 
 
+def _training_state(checkpoint: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells two saves of the same training state apart: the step, the keys, and whether any
+    weight or optimizer tensor was modified in place in between (its version counter)."""
+    tensors = [t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)]
+    for optimizer in checkpoint.get("optimizer_states", []):
+        for state in optimizer.get("state", {}).values():
+            tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
+    versions = tuple((t.data_ptr(), t._version) for t in tensors)
+    return checkpoint.get("global_step"), checkpoint.get("epoch"), tuple(checkpoint), versions
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a temporary file beside the target, fsyncs it, then renames it over the target.
 
     The rename is atomic within one filesystem, so a crash or a full disk mid-write leaves the
     previous checkpoint intact, never a truncated ``last.ckpt`` (Lightning stages in ``$TMPDIR``
     and moves without fsync). Loading always uses the safe loader.
+
+    A second save of the same training state (``last.ckpt`` right after the epoch's ``best``) is a
+    hard link to the first file, renamed into place the same way: half the writes and the disk
+    space, which matters for big models. Lightning's ``save_last: link`` instead symlinks to the
+    last top-k file even when that is an older epoch, and removes the old link before making the
+    new one.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last_saved: tuple[tuple[Any, ...], Path] | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        state = _training_state(checkpoint)
+        if self._last_saved is not None and self._last_saved[0] == state and self._link(self._last_saved[1], target):
+            return
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as file:
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())
+            os.chmod(temporary, 0o666 & ~_UMASK)  # mkstemp makes it private; a checkpoint is read like any file
             os.replace(temporary, target)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-        directory = os.open(target.parent, os.O_RDONLY)
+        _fsync_directory(target.parent)
+        self._last_saved = (state, target)
+
+    @staticmethod
+    def _link(source: Path, target: Path) -> bool:
+        """Hard-link ``source`` to ``target`` atomically; False where the filesystem cannot."""
+        if source == target:
+            return True
+        temporary = target.parent / f".{target.name}.{os.getpid()}.link.tmp"
         try:
-            os.fsync(directory)  # make the rename itself durable
-        finally:
-            os.close(directory)
+            temporary.unlink(missing_ok=True)
+            os.link(source, temporary)
+            os.replace(temporary, target)
+        except OSError:  # no hard links here, another filesystem, or the source is gone: write it out
+            temporary.unlink(missing_ok=True)
+            return False
+        _fsync_directory(target.parent)
+        return True
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return load_checkpoint_file(path, map_location=map_location)
