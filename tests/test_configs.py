@@ -49,8 +49,12 @@ def runnable(config: Path) -> bool:
     return name(config) not in ELSEWHERE and not name(config).startswith("experiment/")
 
 
-@pytest.mark.parametrize("config", [c for c in ALL_CONFIGS if runnable(c)], ids=name)
-def test_preset_runs_with_fast_dev_run(config: Path) -> None:
+@pytest.mark.parametrize(
+    "config",
+    [pytest.param(c, marks=pytest.mark.gpu) if name(c) in NEEDS_GPU else c for c in ALL_CONFIGS if runnable(c)],
+    ids=name,
+)
+def test_preset_runs_with_fast_dev_run(config: Path) -> None:  # GPU presets: also in `make test-gpu`
     if name(config) in NEEDS_GPU and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     main(["fit", "-c", str(config), *FAST])
