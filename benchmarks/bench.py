@@ -34,7 +34,7 @@ CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512",
              "--data.num_workers", "4"]  # fmt: skip
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
-    "resnet": ([*RESNET, "--data.num_samples", "2560", "--data.batch_size", "128"], 3),  # ResNet-20, CIFAR-shaped
+    "resnet": ([*RESNET, "--data.num_samples", "2560", "--data.batch_size", "128"], 5),  # ResNet-20, CIFAR-shaped
     "cifar_gpu": (CIFAR_GPU, 3),  # GPU: 50k CIFAR-shaped images, batch 512
 }
 FAST = ["--trainer.precision", "bf16-mixed", "--model.init_args.compile", "true",

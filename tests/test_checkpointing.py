@@ -56,6 +56,9 @@ def test_a_second_save_of_the_same_state_links_the_first_and_training_in_between
     io.save_checkpoint(checkpoint(), tmp_path / "best.ckpt")
     io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")
     assert os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
+    (tmp_path / "best.ckpt").unlink()
+    io.save_checkpoint(checkpoint(), tmp_path / "best.ckpt")  # the same state again: written, as it is gone
+    assert load_checkpoint_file(tmp_path / "best.ckpt")["global_step"] == 7
     best_weight = net.weight.detach().clone()
     train_step()
     io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")

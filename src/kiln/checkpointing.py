@@ -106,7 +106,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def _link(source: Path, target: Path) -> bool:
         """Hard-link ``source`` to ``target`` atomically; False where the filesystem cannot."""
         if source == target:
-            return True
+            return source.is_file()  # already there, unless removed since
         temporary = target.parent / f".{target.name}.{os.getpid()}.link.tmp"
         try:
             temporary.unlink(missing_ok=True)
