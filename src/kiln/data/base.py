@@ -11,7 +11,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from kiln.data.on_device import DeviceLoader, check_fits, to_unit_float
+from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, to_unit_float
 from kiln.data.sampling import ResumableSampler
 
 Transform = Callable[[Tensor], Tensor]
@@ -72,7 +72,7 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         generator = torch.default_generator  # what the transforms draw from; put back afterwards
         state = generator.get_state() if epoch is not None else None  # (fork_rng + manual_seed: ~100x more)
         if epoch is not None:
-            generator.manual_seed(hash((self.seed, epoch, first)) & 0x7FFF_FFFF_FFFF_FFFF)
+            generator.manual_seed(augmentation_seed(self.seed, epoch, first))
         try:
             return torch.stack([self.transform(image) for image in x])
         finally:

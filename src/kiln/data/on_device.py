@@ -36,6 +36,12 @@ def to_unit_float(images: Tensor) -> Tensor:
     return images.float().div_(255) if images.dtype == torch.uint8 else images.float()
 
 
+def augmentation_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of one augmentation draw, from (run seed, epoch, sample or batch number): the same in
+    any worker and after any restart. Used by both data paths."""
+    return hash((seed, epoch, position)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
 def _size(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.0f} MiB"
 
@@ -136,6 +142,6 @@ class DeviceLoader:
             with torch.inference_mode():  # not held across the yield: the training step needs autograd
                 x = to_unit_float(self.images[index])
                 if self.augment is not None:
-                    self.generator.manual_seed(hash((self.seed, epoch, number)) & 0x7FFF_FFFF_FFFF_FFFF)
+                    self.generator.manual_seed(augmentation_seed(self.seed, epoch, number))
                     x = self.augment(x, self.generator)
             yield (x - self.mean) / self.std, self.labels[index]  # ordinary tensors, made outside inference mode
