@@ -75,6 +75,44 @@ class ConstantLabels(DigitsDataModule):
 class WithApiKey(ImageClassifier):
     """A classifier that takes a secret, as a model calling an external service would."""
 
-    def __init__(self, *args: object, api_key: str = "", **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        api_key: str = "",
+        api_keys: dict[str, str] | None = None,
+        password: int | None = None,
+        auth: dict[str, str] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.api_key = api_key
+        self.api_key, self.api_keys, self.password, self.auth = api_key, api_keys, password, auth
+
+
+class NaNInputAtStep(SmallCNN):
+    """A SmallCNN whose first input sample is NaN at one training step, as one corrupt image would be:
+    BatchNorm's running statistics take the NaN in the forward pass, before any loss is seen."""
+
+    def __init__(self, step: int, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.step, self.calls = step, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            if self.calls == self.step:
+                x = x.clone()
+                x[0] = float("nan")
+            self.calls += 1
+        return super().forward(x)
+
+
+class EmptySplit(DigitsDataModule):
+    """Digits with an empty ``train`` or ``val`` split, as a wrong folder or fraction gives."""
+
+    def __init__(self, empty: str = "train", **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.empty = empty
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        split = getattr(self, f"{self.empty}_set")
+        setattr(self, f"{self.empty}_set", self.make_dataset(split.images[:0], split.labels[:0], self.empty == "train"))

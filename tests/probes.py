@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,18 @@ class SaveRankWeights(Callback):
 
 
 class SignalAtStep(Callback):
-    """Sends this process a real signal after optimizer step ``step``, once (a marker file remembers)."""
+    """Sends a real signal after optimizer step ``step``, once (a marker file remembers): to this process,
+    or with ``group`` to its whole process group, DataLoader workers included, as SLURM and systemd do."""
 
-    def __init__(self, step: int, marker: str, name: str = "SIGTERM") -> None:
-        self.step, self.marker, self.signal = step, Path(marker), signal.Signals[name]
+    def __init__(self, step: int, marker: str, name: str = "SIGTERM", group: bool = False) -> None:
+        self.step, self.marker, self.signal, self.group = step, Path(marker), signal.Signals[name], group
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
         if trainer.global_step == self.step and not self.marker.exists():
             self.marker.touch()
-            os.kill(os.getpid(), self.signal)
+            if self.group:  # from another process, as SLURM's: workers die at once if not their parent's
+                subprocess.run(["kill", f"-{self.signal.name}", "--", f"-{os.getpgrp()}"], check=False)
+            else:
+                os.kill(os.getpid(), self.signal)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LIMIT
+import yaml
+from conftest import CONFIGS, LIMIT
 
 from kiln.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from kiln.cli import build_cli, main
@@ -36,39 +37,43 @@ def test_training_writes_through_the_atomic_io() -> None:
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     checkpoints = Path(cli.trainer.default_root_dir) / "checkpoints"
     assert (checkpoints / "last.ckpt").is_file() and not list(checkpoints.glob(".*.tmp"))
-    best, last = Path(cli.trainer.checkpoint_callback.best_model_path), checkpoints / "last.ckpt"  # type: ignore[union-attr]
-    same_step = load_checkpoint_file(best)["global_step"] == load_checkpoint_file(last)["global_step"]
-    assert os.path.samefile(best, last) == same_step  # written once when both hold the same step
-
-
-def test_a_second_save_of_the_same_state_links_the_first_and_training_in_between_writes_anew(tmp_path: Path) -> None:
-    io, net = AtomicCheckpointIO(), torch.nn.Linear(3, 2)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
-
-    def checkpoint() -> dict:  # the step number stays 7 throughout: only the tensors tell the states apart
-        return {"global_step": 7, "state_dict": net.state_dict(), "optimizer_states": [optimizer.state_dict()]}
-
-    def train_step() -> None:
-        net(torch.randn(4, 3)).square().sum().backward()
-        optimizer.step()
-
-    train_step()
-    io.save_checkpoint(checkpoint(), tmp_path / "best.ckpt")
-    io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")
-    assert os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
-    (tmp_path / "best.ckpt").unlink()
-    io.save_checkpoint(checkpoint(), tmp_path / "best.ckpt")  # the same state again: written, as it is gone
-    assert load_checkpoint_file(tmp_path / "best.ckpt")["global_step"] == 7
-    best_weight = net.weight.detach().clone()
-    train_step()
-    io.save_checkpoint(checkpoint(), tmp_path / "last.ckpt")
-    assert not os.path.samefile(tmp_path / "best.ckpt", tmp_path / "last.ckpt")
-    assert torch.equal(load_checkpoint_file(tmp_path / "best.ckpt")["state_dict"]["weight"], best_weight)
-    assert torch.equal(load_checkpoint_file(tmp_path / "last.ckpt")["state_dict"]["weight"], net.weight.detach())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
     umask = os.umask(0)
     os.umask(umask)
-    assert (tmp_path / "last.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
+    assert (checkpoints / "last.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
+
+
+def test_last_ckpt_is_always_the_newest_state_never_versioned_and_a_finished_rerun_does_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # mode max on a falling loss: only epoch 0 is a top-k file; Lightning's save_last kept last.ckpt there
+    config = yaml.safe_load((CONFIGS / "train.yaml").read_text())
+    config["trainer"]["callbacks"][0]["init_args"]["mode"] = "max"
+    (tmp_path / "max.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": config["trainer"]["callbacks"]}}))
+    stale_prone = [*QUIET_LIMIT, "--ckpt_path", "last", "-c", str(tmp_path / "max.yaml")]
+    first = build_cli(["fit", *stale_prone, "--trainer.max_epochs", "1"])
+    checkpoints = Path(first.trainer.default_root_dir) / "checkpoints"
+    build_cli(["fit", *stale_prone, "--trainer.max_epochs", "3"])  # resumed from the first run's last.ckpt
+    assert [p.name for p in checkpoints.glob("last*")] == ["last.ckpt"]  # never last-v1.ckpt
+    assert load_checkpoint_file(checkpoints / "last.ckpt")["global_step"] == 3 * 5  # not the best file's 5
+    before = (checkpoints / "last.ckpt").stat().st_mtime_ns
+    capsys.readouterr()
+    main(["fit", *stale_prone, "--trainer.max_epochs", "3"])  # the same command again: exit 0, nothing done
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"{checkpoints.parent} is complete (training finished at epoch 3, step 15; tested): nothing to do. "
+        "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
+    ]
+    assert (checkpoints / "last.ckpt").stat().st_mtime_ns == before
+
+
+def test_killed_write_leftovers_are_removed_on_the_next_start_in_that_folder(capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET_LIMIT, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
+    checkpoints = Path(first.trainer.default_root_dir) / "checkpoints"
+    leftover = checkpoints / ".last.ckpt.k1ll3d.tmp"  # what a kill -9 mid-write leaves
+    leftover.write_bytes((checkpoints / "last.ckpt").read_bytes())
+    build_cli(["fit", *QUIET_LIMIT, "--ckpt_path", "last"])
+    assert not leftover.exists()
+    assert f"removed {leftover}, left by a checkpoint write that was killed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

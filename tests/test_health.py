@@ -73,7 +73,7 @@ def test_label_out_of_range_stops_before_the_first_optimizer_step() -> None:
     with pytest.raises(HealthCheckError) as err:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     message = str(err.value)
-    assert message.startswith("train batch 0") and "labels [10]" in message and "[0, 10)" in message
+    assert message.startswith("train batch 0 of epoch 0: label 10 of sample") and "outside [0, 10)" in message
     assert cli.trainer.global_step == 0
     after = params(cli)
     assert all(torch.equal(before[k], after[k]) for k in before)

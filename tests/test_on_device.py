@@ -76,7 +76,7 @@ def test_augmentation_is_seeded_by_epoch_and_batch_and_resumes_aligned() -> None
     loader.sampler.set_epoch(1)
     second = epoch_batches(loader)
     assert not torch.equal(first[0][1], second[0][1])  # a new order
-    dm.resume_position = (1, 3)  # what ExactResume hands over: epoch 1, 3 batches done
+    dm.resume_position = (1, 3 * 64)  # what ExactResume hands over: epoch 1, 3 batches (in samples) done
     resumed = epoch_batches(dm.train_dataloader())
     assert len(resumed) == len(second) - 3
     for (xr, yr), (xs, ys) in zip(resumed, second[3:], strict=True):

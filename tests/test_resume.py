@@ -70,33 +70,51 @@ def test_resume_reproduces_the_uninterrupted_run(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGUSR1", 138)])
-def test_signal_saves_and_the_same_command_resumes_exactly(tmp_path: Path, name: str, code: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "code", "group"),
+    [("SIGTERM", 143, False), ("SIGUSR1", 138, False), ("SIGTERM", 143, True)],
+    ids=["SIGTERM", "SIGUSR1", "SIGTERM_to_the_process_group_with_workers"],
+)
+def test_signal_saves_and_the_same_command_resumes_exactly(tmp_path: Path, name: str, code: int, group: bool) -> None:
     scontrol = tmp_path / "bin" / "scontrol"  # records what a SLURM requeue would do
     scontrol.parent.mkdir()
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
     scontrol.chmod(0o755)
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent),
            "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SLURM_JOB_ID": "777"}  # fmt: skip
-    base = [sys.executable, "-m", "kiln", *run_args(0)[:-8], "--ckpt_path", "last", "--trainer.logger", "WandbLogger"]
+    workers = 2 if group else 0  # a group signal reaches the DataLoader workers too
+    base = [
+        sys.executable,
+        "-m",
+        "kiln",
+        *run_args(workers)[:-8],
+        "--ckpt_path",
+        "last",
+        "--trainer.logger",
+        "WandbLogger",
+    ]
 
     def launch(root: Path, *extra: str) -> subprocess.CompletedProcess:
-        cmd = [*base, "--run.root", str(root), *extra]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        cmd = [*base, "--run.root", str(root), *extra]  # its own process group, as a batch job has
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
 
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=8",
-             f"--trainer.callbacks.marker={tmp_path / 'sent'}", f"--trainer.callbacks.name={name}"]  # fmt: skip
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}", f"--trainer.callbacks.name={name}",
+             f"--trainer.callbacks.group={group}"]  # fmt: skip
     first = launch(tmp_path / "runs", *probe)
     assert first.returncode == code, first.stderr[-2000:]
     assert "no checkpoint under" in first.stderr and f"{name}: stopped after step 8" in first.stderr
+    assert "killed by signal" not in first.stderr
     run_dir = tmp_path / "runs" / "digits" / "job-777"  # a requeued job finds its folder by job id
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    assert [p.name for p in (run_dir / "checkpoints").glob("last*")] == ["last.ckpt"]  # the resume never versions it
     requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
     assert requeued == ("requeue 777\n" if name == "SIGUSR1" else "")
 
     second = launch(tmp_path / "runs", *probe)  # the same command: the marker keeps the probe quiet
     assert second.returncode == 0, second.stderr[-2000:]
     assert f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in second.stderr
+    assert [p.name for p in (run_dir / "checkpoints").glob("last*")] == ["last.ckpt"]
     ids = {p.name.rsplit("-", 1)[-1] for p in run_dir.glob("wandb/offline-run-*")}
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2 and len(ids) == 1  # one W&B run, continued
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -16,22 +17,31 @@ from kiln.secrets import REDACTED, redact
 
 def test_redact_replaces_values_under_secret_names_only() -> None:
     config = {"model": {"api_key": "x", "token_file": "", "lr": 0.1, "nested": [{"password": "p", "name": "n"}]}}
+    config["model"] |= {"api_keys": {"hf": "h"}, "db_password": 123456, "auth": {"bearer": "b"}, "tokenizer": "t"}
     assert redact(config) == {
-        "model": {"api_key": REDACTED, "token_file": "", "lr": 0.1, "nested": [{"password": REDACTED, "name": "n"}]}
-    }
+        "model": {
+            "api_key": REDACTED, "token_file": "", "lr": 0.1, "nested": [{"password": REDACTED, "name": "n"}],
+            "api_keys": REDACTED, "db_password": REDACTED, "auth": REDACTED, "tokenizer": "t",
+        }
+    }  # fmt: skip
+    assert redact({"settings": {"bearer": "b", "max_tokens": 5}}) == {"settings": {"bearer": REDACTED, "max_tokens": 5}}
 
 
 def test_planted_secrets_appear_in_no_file_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_API_KEY", "env-s3cr3t-0123456789abcdef0123456789abcdef01234567")
-    main(["fit", *LIMIT, "--model.class_path", "faulty.WithApiKey", "--model.init_args.api_key", "cli-s3cr3t-value"])
+    planted = ["--model.class_path", "faulty.WithApiKey", "--model.init_args.api_key", "cli-s3cr3t-value",
+               "--model.init_args.api_keys", '{"hf": "dict-s3cr3t-value"}', "--model.init_args.password", "987654321",
+               "--model.init_args.auth", '{"bearer": "bearer-s3cr3t-value"}']  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["kiln", "fit", *LIMIT, *planted])  # W&B records the command line
+    main()
     (run_dir,) = Path("runs/digits").iterdir()
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     assert len(files) > 10 and any(p.suffix == ".wandb" for p in files)
     for path in files:
         content = path.read_bytes()
-        assert b"cli-s3cr3t-value" not in content, path
-        assert b"env-s3cr3t" not in content, path
+        for secret in (b"cli-s3cr3t", b"env-s3cr3t", b"dict-s3cr3t", b"987654321", b"bearer-s3cr3t"):
+            assert secret not in content, (path, secret)
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["hyper_parameters"]["api_key"] == REDACTED
     assert REDACTED in (run_dir / "config.yaml").read_text()

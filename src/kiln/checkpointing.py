@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,15 +55,25 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool
     return checkpoint
 
 
-def _training_state(checkpoint: dict[str, Any]) -> tuple[Any, ...]:
-    """What tells two saves of the same training state apart: the step, the keys, and whether any
-    weight or optimizer tensor was modified in place in between (its version counter)."""
-    tensors = [t for t in checkpoint.get("state_dict", {}).values() if isinstance(t, torch.Tensor)]
-    for optimizer in checkpoint.get("optimizer_states", []):
-        for state in optimizer.get("state", {}).values():
-            tensors += [t for t in state.values() if isinstance(t, torch.Tensor)]
-    versions = tuple((t.data_ptr(), t._version) for t in tensors)
-    return checkpoint.get("global_step"), checkpoint.get("epoch"), tuple(checkpoint), versions
+TEMPORARY_GLOB = ".*.ckpt.*.tmp"  # what AtomicCheckpointIO writes before the rename
+
+
+def _disk_full(err: BaseException, directory: Path) -> bool:
+    """A write that failed for lack of space: torch reports it as its own writer error, so ask the filesystem."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(directory).free < 1 << 20
+    except OSError:
+        return False
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary files a killed write left in ``directory``; the caller says so."""
+    stale = sorted(directory.glob(TEMPORARY_GLOB)) if directory.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -69,25 +81,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     The rename is atomic within one filesystem, so a crash or a full disk mid-write leaves the
     previous checkpoint intact, never a truncated ``last.ckpt`` (Lightning stages in ``$TMPDIR``
-    and moves without fsync). Loading always uses the safe loader.
-
-    A second save of the same training state (``last.ckpt`` right after the epoch's ``best``) is a
-    hard link to the first file, renamed into place the same way: half the writes and the disk
-    space, which matters for big models. Lightning's ``save_last: link`` instead symlinks to the
-    last top-k file even when that is an older epoch, and removes the old link before making the
-    new one.
+    and moves without fsync). A full disk is one line naming the file. Loading always uses the
+    safe loader.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last_saved: tuple[tuple[Any, ...], Path] | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        state = _training_state(checkpoint)
-        if self._last_saved is not None and self._last_saved[0] == state and self._link(self._last_saved[1], target):
-            return
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as file:
@@ -96,27 +96,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(file.fileno())
             os.chmod(temporary, 0o666 & ~_UMASK)  # mkstemp makes it private; a checkpoint is read like any file
             os.replace(temporary, target)
-        except BaseException:
+        except BaseException as err:
             Path(temporary).unlink(missing_ok=True)
+            if _disk_full(err, target.parent):
+                previous = [target] if target.is_file() else sorted(target.parent.glob("*.ckpt"), key=os.path.getmtime)
+                kept = (
+                    f"the previous checkpoint {previous[-1]} is intact" if previous else "nothing was saved before it"
+                )
+                raise CheckpointError(f"no space left on device while writing {target}; {kept}") from None
             raise
         _fsync_directory(target.parent)
-        self._last_saved = (state, target)
-
-    @staticmethod
-    def _link(source: Path, target: Path) -> bool:
-        """Hard-link ``source`` to ``target`` atomically; False where the filesystem cannot."""
-        if source == target:
-            return source.is_file()  # already there, unless removed since
-        temporary = target.parent / f".{target.name}.{os.getpid()}.link.tmp"
-        try:
-            temporary.unlink(missing_ok=True)
-            os.link(source, temporary)
-            os.replace(temporary, target)
-        except OSError:  # no hard links here, another filesystem, or the source is gone: write it out
-            temporary.unlink(missing_ok=True)
-            return False
-        _fsync_directory(target.parent)
-        return True
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         return load_checkpoint_file(path, map_location=map_location)

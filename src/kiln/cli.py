@@ -11,16 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace, dict_to_namespace
+from jsonargparse import Namespace
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from kiln import runs, stop_signals
+from kiln.callbacks.last import finished_training, last_checkpoint_path
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
-from kiln.checkpointing import load_checkpoint_file
+from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.errors import KilnError
-from kiln.runs import RUN_DIR_ENV, latest_checkpoint, remove_if_empty, resolve_run_dir, wandb_run_id
-from kiln.secrets import redact
+from kiln.resume_check import keep_given_secrets, refuse_changed_settings
+from kiln.runs import latest_checkpoint, resolve_run_dir, wandb_run_id
+from kiln.secrets import redact, redact_text, secret_values
+from kiln.testing import TestChoice, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -34,12 +38,19 @@ class RunOptions:
     Args:
         name: Experiment name; runs land in ``<root>/<name>/<timestamp>``.
         root: Folder holding all runs.
-        test_after_fit: Test the best checkpoint once ``fit`` ends and print a summary.
+        test_after_fit: Test once ``fit`` ends, write ``metrics.json`` and print a summary.
+        test_ckpt: What the test after fit scores: the ``best`` checkpoint (lowest ``val/loss`` by
+            default), the ``last`` one (the final weights), or ``both`` (each once, when they differ).
     """
 
     name: str = "default"
     root: str = "runs"
     test_after_fit: bool = True
+    test_ckpt: TestChoice = "both"
+
+
+class AlreadyFinished(Exception):
+    """``fit --ckpt_path last`` on a run that trained and tested to its end: nothing to do."""
 
 
 def _class_nodes(value: Any) -> Iterator[Namespace]:
@@ -62,17 +73,24 @@ def _fall_back_from_bf16(trainer: Namespace) -> str | None:
 
 
 class WandbConfigSaver(SaveConfigCallback):
-    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted."""
+    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted.
+
+    Built with ``save_to_log_dir=False`` and writing the file itself: a redacted value (a marker in
+    place of a number or a dict) would fail the type check Lightning's own save makes.
+    """
 
     def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
-        super().__init__(parser, dict_to_namespace(redact(config.as_dict())), **kwargs)
+        super().__init__(parser, redact(config), **kwargs)
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         from lightning.pytorch.loggers import WandbLogger
 
+        path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, skip_check=True)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json"))
+                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json", skip_check=True))
                 logger.experiment.config.update({"cli": config}, allow_val_change=True)
 
 
@@ -97,17 +115,50 @@ class KilnCLI(LightningCLI):
         super().parse_arguments(parser, args)
         if not self.config.get("subcommand"):
             return
-        config = self.config[self.config.subcommand]
+        subcommand = self.config.subcommand
+        config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
             found = latest_checkpoint(config.run.root, config.run.name)
-            where = Path(config.run.root).resolve() / config.run.name
-            notice = f"resuming from {found}" if found else f"no checkpoint under {where}: starting a new run"
-            print(notice, file=sys.stderr)
+            if found is None:
+                where = Path(config.run.root).resolve() / config.run.name
+                print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
+            else:
+                checkpoint = load_checkpoint_file(found, mmap=True)  # a one-line CheckpointError naming the file
+                if subcommand == "fit":
+                    self._refuse_finished(checkpoint, config, found.parent.parent)
+                print(f"resuming from {found}", file=sys.stderr)
             config.ckpt_path = str(found) if found else None
             self.resume_dir = found.parent.parent if found else None
         elif ckpt_path not in (None, "best", "hpc"):
             load_checkpoint_file(ckpt_path, mmap=True)  # raises a one-line CheckpointError naming the file
+
+    @staticmethod
+    def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
+        """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
+        why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+        if why is None or (config.run.test_after_fit and not (run_dir / "metrics.json").is_file()):
+            return
+        raise AlreadyFinished(
+            f"{run_dir} is complete ({why}; tested): nothing to do. "
+            "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
+        )
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning applies the checkpoint's model settings over the command line; kiln refuses a
+        resume that changes them instead (they would be ignored) and never lets a redacted secret
+        replace the real one. Overrides a private LightningCLI method (docs/maintainers.md)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        saved = load_checkpoint_file(ckpt_path, mmap=True).get("hyper_parameters", {})
+        if subcommand == "fit":
+            refuse_changed_settings(saved, self.config.fit.model, ckpt_path)
+            return  # the model is built from the command line, which matches the checkpoint
+        given = self.config[subcommand].clone()
+        super()._parse_ckpt_path()
+        keep_given_secrets(saved, given.model, self.config[subcommand].model)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunOptions, "run")
@@ -118,9 +169,13 @@ class KilnCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
         self.config_dump = redact(self.config_dump)  # ... without secrets
+        secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
+        sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         config.trainer.default_root_dir = str(self.run_dir)
+        for stale in remove_stale_temporaries(last_checkpoint_path(self.run_dir).parent):
+            print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
         if notice := _fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
         for logger in _class_nodes(config.trainer.logger):
@@ -142,22 +197,41 @@ class KilnCLI(LightningCLI):
             profiler.init_args.dirpath = str(self.run_dir)
         callbacks = list(_class_nodes(config.trainer.callbacks))
         for callback in callbacks:
-            if callback.class_path.endswith("ModelCheckpoint"):
+            if _is_a(callback, "ModelCheckpoint"):  # a user's subclass too
                 callback.init_args.dirpath = str(self.run_dir / "checkpoints")
-        if not config.trainer.logger:  # LearningRateMonitor refuses to start without a logger to write to
-            config.trainer.callbacks = [c for c in callbacks if not c.class_path.endswith("LearningRateMonitor")]
+        # callbacks the Trainer flags turn off: Lightning would refuse to start with them listed
+        dropped = {"LearningRateMonitor": not config.trainer.logger}
+        dropped["ProgressBar"] = config.trainer.enable_progress_bar is False
+        dropped["ModelSummary"] = config.trainer.enable_model_summary is False
+        config.trainer.callbacks = [c for c in callbacks if not any(dropped[k] and _is_a(c, k) for k in dropped)]
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
-        trainer = self.trainer
-        if config.run.test_after_fit and not trainer.interrupted:
-            best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
-            results = trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best, verbose=False)
-            self.test_metrics = dict(results[0]) if results else {}
-            if trainer.is_global_zero:
-                from kiln.summary import print_summary
+        if not config.run.test_after_fit or self.trainer.interrupted:
+            return
+        try:
+            self.test_metrics = test_after_fit(self.trainer, self.model, self.datamodule, config.run.test_ckpt)
+        except (SIGTERMException, Preempted):
+            print(
+                "the test after fit was stopped; training is complete: the same command with "
+                "`--ckpt_path last` tests it without training",
+                file=sys.stderr,
+            )
+            raise
 
-                print_summary(trainer, self.test_metrics, best, self.run_dir)
+
+def _is_a(callback: Namespace, base: str) -> bool:
+    """Whether the callback's class is, or derives from, Lightning's callback class named ``base``."""
+    import importlib
+
+    from lightning.pytorch import callbacks
+
+    module, _, name = callback.class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, getattr(callbacks, base))
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
@@ -174,7 +248,7 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
         model_class=None,
         datamodule_class=None,
         save_config_callback=WandbConfigSaver,
-        save_config_kwargs={"overwrite": True},
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
         parser_kwargs={"allow_abbrev": False, **{sub: defaults for sub in LightningCLI.subcommands()}}
         if run
@@ -186,13 +260,25 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
 
 def main(args: ArgsType = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
+    stop_signals.install()
     try:
         build_cli(args)
+    except AlreadyFinished as done:
+        print(done, file=sys.stderr)
     except KilnError as err:
         print(f"error: {err}", file=sys.stderr)
-        remove_if_empty(Path(os.environ[RUN_DIR_ENV]) if RUN_DIR_ENV in os.environ else None)
+        _remove_failed_run()
         sys.exit(1)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved
     except Preempted:
         sys.exit(128 + signal.SIGUSR1)
+    except Exception:
+        _remove_failed_run()
+        raise
+
+
+def _remove_failed_run() -> None:
+    """A run that failed before its first checkpoint leaves no folder for ``--ckpt_path last`` to step around."""
+    if runs.remove_failed_run(runs.created):
+        print(f"removed {runs.created}: the run failed before its first checkpoint", file=sys.stderr)

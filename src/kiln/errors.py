@@ -19,3 +19,7 @@ class DeviceMemoryError(KilnError):
 
 class ConfigError(KilnError, ValueError):
     """Settings that cannot work together; the message names them and the fix."""
+
+
+class DataError(KilnError):
+    """A dataset that cannot be trained or evaluated on as configured (an empty split, say)."""

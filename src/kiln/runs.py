@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -32,30 +33,56 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> 
     if resume is not None:  # a resumed run goes on in its own folder
         os.environ[RUN_DIR_ENV] = str(resume)
         return resume
+    global created
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
     job = _job_id()
     if job is not None:
         run_dir = base / job
+        if not run_dir.is_dir():
+            created = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)  # every process of the job, and its requeues, share it
     else:
+        base.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         run_dir, n = base / stamp, 1
-        while run_dir.exists():  # two runs started in the same second
-            run_dir, n = base / f"{stamp}_{n}", n + 1
-    run_dir.mkdir(parents=True, exist_ok=True)
+        while True:  # mkdir either creates the folder or fails: two runs never share one
+            try:
+                run_dir.mkdir()
+                break
+            except FileExistsError:  # another run started in the same second
+                run_dir, n = base / f"{stamp}_{n}", n + 1
+        created = run_dir
     os.environ[RUN_DIR_ENV] = str(run_dir)
     return run_dir
 
 
-def remove_if_empty(run_dir: Path | None) -> None:
-    """Drop a run folder that a failed start left with nothing in it."""
-    if run_dir is not None and run_dir.is_dir() and not any(run_dir.iterdir()):
-        run_dir.rmdir()
+created: Path | None = None  # the run folder this process created (not resumed), until it holds a checkpoint
+
+
+def remove_failed_run(run_dir: Path | None) -> bool:
+    """Remove a run folder this process created when the run failed before writing any checkpoint.
+
+    It would hold only ``config.yaml`` and logger files of a run that trained nothing, which a
+    later ``--ckpt_path last`` steps around without a word.
+    """
+    if run_dir is None or run_dir != created or not run_dir.is_dir():
+        return False
+    if any(run_dir.glob("checkpoints/*.ckpt")):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
 
 
 def latest_checkpoint(root: str | Path, name: str) -> Path | None:
-    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of any run of experiment ``name``."""
+    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of experiment ``name``.
+
+    Under a cluster job id only that job's own folder counts (a requeue keeps its id), so a second
+    job with other settings never continues the first one's run.
+    """
     runs = Path(root).resolve() / name
-    found = [*runs.glob("*/checkpoints/last.ckpt"), *runs.glob("*/checkpoints/hpc_ckpt_*.ckpt")]
+    job = _job_id()
+    pattern = f"{job}/checkpoints" if job is not None else "*/checkpoints"
+    found = [*runs.glob(f"{pattern}/last.ckpt"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 

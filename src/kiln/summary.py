@@ -1,13 +1,15 @@
-"""The few lines a user needs after ``fit``: test metrics, best checkpoint, run folder, W&B sync."""
+"""The few lines a user needs after ``fit``: test metrics and where they came from, run folder, W&B sync."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from kiln.testing import TestResult
 
 
 def wandb_sync_command(trainer: Any) -> str | None:
@@ -20,10 +22,18 @@ def wandb_sync_command(trainer: Any) -> str | None:
     return None
 
 
-def print_summary(trainer: Any, metrics: Mapping[str, float], best_ckpt: str | None, run_dir: Path | None) -> None:
-    """Print one line per fact, unwrapped so paths can be copied."""
-    lines = [f"[bold]{key}[/bold] {value:.4f}" for key, value in sorted(metrics.items())]
-    lines.append(f"[bold]tested[/bold] {best_ckpt or 'final weights (no checkpoint was saved)'}")
+def print_summary(trainer: Any, results: list[TestResult], run_dir: Path | None) -> None:
+    """Print one line per fact, unwrapped so paths can be copied; one column per tested checkpoint."""
+    keys = sorted({key for result in results for key in result.metrics})
+    lines = []
+    if len(results) > 1:
+        lines.append(" " * 10 + "".join(f"[bold]{r.label:>10}[/bold]" for r in results))
+    for key in keys:
+        values = "".join(f"{r.metrics.get(key, float('nan')):>10.4f}" for r in results)
+        lines.append(f"[bold]{key:<10}[/bold]{values}" if len(results) > 1 else f"[bold]{key}[/bold] {values.strip()}")
+    for r in results:
+        source = f"{r.checkpoint} (step {r.step})" if r.checkpoint else "the final weights (no checkpoint was saved)"
+        lines.append(f"[bold]tested {r.label}[/bold] {source}")
     lines.append(f"[bold]run folder[/bold] {run_dir}")
     if sync := wandb_sync_command(trainer):
         lines.append(f"[bold]W&B offline; upload with[/bold] {sync}")

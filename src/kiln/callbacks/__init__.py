@@ -2,6 +2,7 @@
 
 from kiln.callbacks.batch_checks import BatchSanityCheck
 from kiln.callbacks.grad_norm import GradNormMonitor
+from kiln.callbacks.last import LastCheckpoint
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
@@ -15,6 +16,7 @@ __all__ = [
     "ConfusionMatrixReport",
     "ExactResume",
     "GradNormMonitor",
+    "LastCheckpoint",
     "NonFiniteGuard",
     "OverfitReport",
     "PredictionWriter",

@@ -66,10 +66,23 @@ class NonFiniteGuard(Callback):
         self._read_at = -1  # deferred: the step of the last read
         self._logged = 0  # deferred: the count last logged
         self._optimizers: list[Optimizer] = []
+        self._buffers: list[tuple[Tensor, Tensor]] = []  # skip: (buffer, its value at the window start)
         self._trainer: Trainer | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict (called for every checkpoint) gets no trainer
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # skip: a skipped step must leave the whole state as before it, and the forward pass has already
+        # moved BatchNorm's running statistics; keep them from the start of each accumulation window
+        if self.action == "skip" and batch_idx % trainer.accumulate_grad_batches == 0:
+            self._buffers = [(b, b.detach().clone()) for b in pl_module.buffers()]
+
+    def _restore_buffers(self, bad: Tensor | None = None) -> None:
+        """Put the buffers back as they were before the window; with ``bad`` (on the device) only if it is set."""
+        with torch.no_grad():
+            for buffer, saved in self._buffers:
+                buffer.copy_(saved if bad is None else torch.where(bad, saved, buffer))
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Tensor) -> None:
         self._loss = loss.detach() if self.action != "off" else None
@@ -92,6 +105,7 @@ class NonFiniteGuard(Callback):
         if self.action == "skip" and self.skipped < self.max_skips:
             self.skipped += 1
             optimizer.zero_grad(set_to_none=True)  # parameters without gradients are left untouched
+            self._restore_buffers()
             pl_module.log("health/skipped_steps", float(self.skipped), on_step=True, on_epoch=False)
             return
         if self.action == "skip":
@@ -126,6 +140,8 @@ class NonFiniteGuard(Callback):
         if self._loss is not None:
             self._first_loss = torch.where(first, self._loss.float(), self._first_loss)
         self._bad += bad
+        if self.action == "skip":
+            self._restore_buffers(bad)  # on the device: no sync
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,11 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from kiln import stop_signals
+from kiln.callbacks.last import LastCheckpoint, last_checkpoint_path
 
 
 def capture_rng() -> dict[str, Any]:
@@ -59,17 +61,19 @@ class ExactResume(Callback):
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
         self._trainer: Trainer | None = None
-        self._position = (0, 0)  # (epoch, batches of it trained on) a checkpoint saved now resumes at
+        self._position = (0, 0)  # (epoch, samples of it this rank trained on) a checkpoint saved now resumes at
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": capture_rng(), "epoch": self._position[0], "batches": self._position[1]}
+        # samples, not batches: a resume with another batch size neither replays nor skips data
+        return {"rng": capture_rng(), "epoch": self._position[0], "samples": self._position[1]}
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         # after the epoch's last batch, a checkpoint (e.g. at validation end) resumes with a new epoch
-        epoch = trainer.current_epoch
-        self._position = (epoch + 1, 0) if trainer.is_last_batch else (epoch, batch_idx + 1)
+        epoch, (done_epoch, done) = trainer.current_epoch, self._position
+        done = done if done_epoch == epoch else 0
+        self._position = (epoch + 1, 0) if trainer.is_last_batch else (epoch, done + extract_batch_size(batch))
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
@@ -78,10 +82,11 @@ class ExactResume(Callback):
         # Lightning loads callback states before it builds (and, with workers, starts) the training
         # loader, so the data position goes to the datamodule now; the RNG waits for the first batch.
         self._pending = state_dict["rng"]
+        self._position = (state_dict["epoch"], state_dict["samples"])
         datamodule = getattr(self._trainer, "datamodule", None)
         if hasattr(datamodule, "resume_position"):
-            datamodule.resume_position = (state_dict["epoch"], state_dict["batches"])  # type: ignore[union-attr]
-        elif state_dict["batches"]:
+            datamodule.resume_position = (state_dict["epoch"], state_dict["samples"])  # type: ignore[union-attr]
+        elif state_dict["samples"]:
             raise RuntimeError("exact mid-epoch resume needs a datamodule with resume_position (ImageDataModule)")
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -92,56 +97,70 @@ class ExactResume(Callback):
 
 
 class Preempted(Exception):
-    """Training stopped on SIGUSR1 after saving a resumable checkpoint (and requeueing under SLURM)."""
+    """A stage stopped on SIGUSR1 (after saving a resumable checkpoint in ``fit``, and requeueing under SLURM)."""
+
+
+def _requeue(trainer: Trainer) -> None:
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and trainer.is_global_zero and shutil.which("scontrol"):
+        subprocess.run(["scontrol", "requeue", job], check=False)
+        rank_zero_info(f"requeued SLURM job {job}")
 
 
 class PreemptionCheckpoint(Callback):
-    """SIGTERM or SIGUSR1: save ``checkpoints/last.ckpt`` at the end of the current step, then stop non-zero.
+    """SIGTERM or SIGUSR1, in any subcommand: stop at the next step or batch boundary, saying what was kept.
 
-    Lightning notices SIGTERM and stops at the end of the step, but saves nothing and exits with 0;
-    on SIGUSR1 under SLURM it saves inside the signal handler, mid-step. Here both save at the step
-    boundary (with :class:`ExactResume`'s state), so the same command with ``--ckpt_path last``
-    continues exactly. SIGTERM exits with 143; SIGUSR1 (``sbatch --signal=SIGUSR1@90``) requeues the
-    SLURM job when ``scontrol`` is there, and exits with 138.
+    In ``fit``, ``checkpoints/last.ckpt`` is saved at the end of the current step (with
+    :class:`ExactResume`'s state), through :class:`~kiln.callbacks.LastCheckpoint` when present,
+    so the same command with ``--ckpt_path last`` continues exactly. Lightning alone saves nothing
+    on SIGTERM and exits 0, and on SIGUSR1 under SLURM saves inside the signal handler, mid-step.
+    SIGTERM exits with 143; SIGUSR1 (``sbatch --signal=SIGUSR1@90``) requeues the SLURM job when
+    ``scontrol`` is there, and exits with 138. The signals are noted by :mod:`kiln.stop_signals`.
     """
 
     def __init__(self) -> None:
         self.saved: Path | None = None
-        self._usr1 = False
-        self._previous: Any = None
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
-        self.saved = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(self.saved, weights_only=False)
+        owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
+        if owner is not None:
+            self.saved = owner.save(trainer)
+        else:
+            self.saved = last_checkpoint_path(trainer.default_root_dir)
+            trainer.save_checkpoint(self.saved)
         rank_zero_info(
             f"{signal_name}: stopped after step {trainer.global_step}, saved {self.saved}; "
             "run the same command with `--ckpt_path last` to continue"
         )
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGUSR1, self._note_usr1)
-
-    def _note_usr1(self, signum: int, frame: Any) -> None:
-        self._usr1 = True  # acted on at the end of the step
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGUSR1, self._previous)
-            self._previous = None
-
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
-        if not self._usr1:
+        if stop_signals.received() != "SIGUSR1":
             return
-        self._usr1 = False
         self._save(trainer, "SIGUSR1")
-        job = os.environ.get("SLURM_JOB_ID")
-        if job and trainer.is_global_zero and shutil.which("scontrol"):
-            subprocess.run(["scontrol", "requeue", job], check=False)
-            rank_zero_info(f"requeued SLURM job {job}")
+        _requeue(trainer)
         raise Preempted(f"SIGUSR1 after step {trainer.global_step}")
 
+    def _stop_evaluation(self, trainer: Trainer, batch_idx: int) -> None:
+        if trainer.state.fn == "fit" or stop_signals.received() != "SIGUSR1":
+            return  # in fit, validation finishes and training stops at its next step
+        _requeue(trainer)
+        rank_zero_info(f"SIGUSR1: stopped {trainer.state.stage} at batch {batch_idx}; nothing to save")
+        raise Preempted(f"SIGUSR1 during {trainer.state.stage}")
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._stop_evaluation(trainer, args[1])
+
+    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._stop_evaluation(trainer, args[1])
+
+    def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._stop_evaluation(trainer, args[1])
+
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, SIGTERMException) and trainer.state.fn == "fit":
+        if not isinstance(exception, SIGTERMException):
+            return
+        if trainer.state.fn == "fit":
             self._save(trainer, "SIGTERM")
+        else:
+            rank_zero_info(f"SIGTERM: stopped {trainer.state.stage}; nothing to save")

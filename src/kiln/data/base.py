@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -13,6 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, to_unit_float
 from kiln.data.sampling import ResumableSampler
+from kiln.errors import DataError, HealthCheckError
+from kiln.stop_signals import ignore_in_worker
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -78,6 +81,17 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         finally:
             if state is not None:
                 generator.set_state(state)
+
+
+def check_labels(labels: Tensor, num_classes: int, where: str) -> None:
+    """Stop with one line naming the batch and the sample whose label is outside ``[0, num_classes)``."""
+    bad = ((labels < 0) | (labels >= num_classes)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise HealthCheckError(
+            f"{where}: label {int(labels[i])} of sample {i} is outside [0, {num_classes}) "
+            f"({len(bad)} such labels); fix the labels or num_classes"
+        )
 
 
 def default_num_workers() -> int:
@@ -146,7 +160,8 @@ class ImageDataModule(LightningDataModule):
         self.on_device = on_device
         self.batch_augment = batch_augment
         self._device_copies: dict[int, tuple[Tensor, Tensor]] = {}
-        self.resume_position: tuple[int, int] | None = None  # (epoch, batches done), set by ExactResume
+        self._batches_seen: dict[tuple[str, int], int] = {}  # per (stage, epoch): names a bad batch
+        self.resume_position: tuple[int, int] | None = None  # (epoch, samples done), set by ExactResume
         self.train_set: ImageTensorDataset | None = None
         self.val_set: ImageTensorDataset | None = None
         self.test_set: ImageTensorDataset | None = None
@@ -175,15 +190,16 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
         trainer = self.trainer
+        self._refuse_empty(dataset, train)
         on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
         sampler = None
         if train:  # only training data is shuffled; evaluation order stays fixed
             ranks = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
             sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=ranks[0], rank=ranks[1])  # type: ignore[arg-type]
             if self.resume_position is not None:  # the loader may be built, and started, before the loops restore
-                epoch, batches = self.resume_position
+                epoch, samples = self.resume_position
                 sampler.set_epoch(epoch)
-                sampler.skip, self.resume_position = batches * self.batch_size, None
+                sampler.skip, self.resume_position = samples, None
         if self.on_device:
             return self._device_loader(dataset, sampler)  # type: ignore[return-value]
         return DataLoader(
@@ -194,7 +210,31 @@ class ImageDataModule(LightningDataModule):
             pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
             generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
+            worker_init_fn=ignore_in_worker,  # a process-group SIGTERM is the main process's to handle
         )
+
+    def _refuse_empty(self, dataset: Dataset, train: bool) -> None:
+        """An empty split would train nothing (then test the untrained network), or choose the best
+        checkpoint on no data, or report a test on nothing: each stops here, in one line."""
+        if len(dataset) > 0:  # type: ignore[arg-type]
+            return
+        split = "training" if train else {id(self.val_set): "validation"}.get(id(dataset), "evaluation")
+        if split == "validation" and self.trainer is not None and self.trainer.limit_val_batches == 0:
+            return  # validation turned off on purpose
+        fix = "check the data files and the split fractions"
+        if split == "validation":
+            fix += "; to train without validation: --trainer.limit_val_batches 0 and a ModelCheckpoint without monitor"
+        raise DataError(f"{type(self).__name__}: the {split} set is empty; {fix}")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Check labels on the host, before a bad one becomes an IndexError (or a CUDA device-side assert)."""
+        labels = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+        if isinstance(labels, Tensor) and labels.device.type == "cpu" and labels.numel():
+            stage = self.trainer.state.stage.value if self.trainer is not None and self.trainer.state.stage else "?"
+            epoch = self.trainer.current_epoch if self.trainer is not None else 0
+            count = self._batches_seen[(stage, epoch)] = self._batches_seen.get((stage, epoch), -1) + 1
+            check_labels(labels, self.num_classes, f"{stage} batch {count} of epoch {epoch}")
+        return batch
 
     def _device_loader(self, dataset: Dataset, sampler: ResumableSampler | None) -> DeviceLoader:
         if not isinstance(dataset, ImageTensorDataset):
@@ -204,6 +244,7 @@ class ImageDataModule(LightningDataModule):
             splits = [d for d in (self.train_set, self.val_set, self.test_set) if d is not None]
             check_fits([t for d in splits for t in (d.images, d.labels)], device)
         if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
+            check_labels(dataset.labels, self.num_classes, f"{type(self).__name__} data")  # on the host, once
             self._device_copies[id(dataset)] = (dataset.images.to(device), dataset.labels.to(device))
         images, labels = self._device_copies[id(dataset)]
         augment = None

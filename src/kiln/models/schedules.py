@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -34,11 +36,12 @@ class WarmupCosineLR(LambdaLR):
         self.warmup_fraction = warmup_fraction
         self.total_steps = total_steps
         self.min_lr_ratio = min_lr_ratio
+        self._follows_trainer = False  # total_steps came from the Trainer's estimate, not from the user
         super().__init__(optimizer, self.factor)
 
     def set_total_steps(self, total_steps: int) -> None:
         """Fix the schedule length after construction and reset the current LR to step 0's."""
-        self.total_steps = total_steps
+        self.total_steps, self._follows_trainer = total_steps, True
         for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base_lr * self.factor(self.last_epoch)
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
@@ -50,3 +53,14 @@ class WarmupCosineLR(LambdaLR):
             return (step + 1) / warmup
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the position; a length taken from the Trainer follows the resumed run's, which may
+        train longer (a restored old length would hold the learning rate at 0 for the added steps)."""
+        total, follows = self.total_steps, self._follows_trainer
+        super().load_state_dict(state_dict)
+        if follows and total != self.total_steps:
+            rank_zero_info(
+                f"learning-rate schedule: {total} steps for this run (the checkpoint's run had {self.total_steps})"
+            )
+            self.total_steps, self._follows_trainer = total, True

@@ -1,0 +1,75 @@
+"""The test after ``fit``: which weights are scored, ``metrics.json``, and the run summary."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+
+from kiln.callbacks.last import last_checkpoint_path
+from kiln.checkpointing import load_checkpoint_file
+
+TestChoice = Literal["best", "last", "both"]
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class TestResult:
+    """The test metrics of one checkpoint (``None``: the weights in memory, when nothing was saved)."""
+
+    label: str
+    checkpoint: str | None
+    step: int | None
+    metrics: dict[str, float]
+
+
+def _step(path: str) -> int | None:
+    return load_checkpoint_file(path, mmap=True).get("global_step")
+
+
+def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str, str | None]]:
+    """``(label, file)`` pairs: the best and/or the last checkpoint; one pair when both hold the same step."""
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
+    last_file = last_checkpoint_path(trainer.default_root_dir)
+    last = str(last_file) if last_file.is_file() else None
+    if best is None and last is None:
+        return [("final weights", None)]
+    if choice == "best" or last is None:
+        return [("best" if best else "last", best or last)]
+    if choice == "last" or best is None:
+        return [("last", last)]
+    if _step(best) == _step(last):
+        return [("best = last", best)]
+    return [("best", best), ("last", last)]
+
+
+def test_after_fit(
+    trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, choice: TestChoice
+) -> dict[str, float]:
+    """Test the chosen checkpoints, write ``metrics.json``, print the summary; the first one's metrics."""
+    results = []
+    for label, path in checkpoints_to_test(trainer, choice):
+        out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
+        results.append(
+            TestResult(label, path, _step(path) if path else trainer.global_step, dict(out[0]) if out else {})
+        )
+    run_dir = Path(trainer.default_root_dir)
+    if trainer.is_global_zero:
+        write_metrics(run_dir, trainer, results)
+        from kiln.summary import print_summary
+
+        print_summary(trainer, results, run_dir)
+    return results[0].metrics
+
+
+def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) -> None:
+    """``metrics.json``: test metrics per checkpoint, epochs and steps trained; its presence marks a tested run."""
+    data: dict[str, Any] = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
+    data["test"] = [asdict(result) for result in results]
+    temporary = run_dir / f".{METRICS_FILE}.tmp"
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary, run_dir / METRICS_FILE)

@@ -1,0 +1,151 @@
+"""Faults users and clusters deliver: each ends in one clear line, a kept run, or a correct resume."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONFIGS, LIMIT
+
+from kiln.cli import build_cli, main
+from kiln.runs import resolve_run_dir
+
+QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+
+
+def error_lines(capsys: pytest.CaptureFixture) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def exit_code(args: list[str]) -> int | str | None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code
+
+
+@pytest.mark.parametrize("defer", ["false", "true"], ids=["immediate", "deferred_on_device"])
+def test_a_skipped_step_leaves_batchnorm_statistics_as_before_it(tmp_path: Path, defer: str) -> None:
+    net = tmp_path / "nan_input.yaml"
+    net.write_text(
+        "model:\n  init_args:\n    net:\n      class_path: faulty.NaNInputAtStep\n"
+        "      init_args: {step: 3, in_channels: 1, num_classes: 10}\n"
+    )
+    skip = ["-c", str(CONFIGS / "callbacks" / "skip_nonfinite.yaml"), "--non_finite.defer", defer]
+    cli = build_cli(["fit", *LIMIT, "--trainer.logger", "false", "-c", str(net), *skip])
+    assert cli.test_metrics is not None and math.isfinite(cli.test_metrics["test/loss"])  # NaN statistics: NaN
+    checkpoints = list((Path(cli.trainer.default_root_dir) / "checkpoints").glob("*.ckpt"))
+    assert checkpoints
+    for path in checkpoints:
+        for name, tensor in torch.load(path, weights_only=True)["state_dict"].items():
+            assert torch.isfinite(tensor.float()).all(), f"{path.name}: {name}"
+
+
+def test_a_label_out_of_range_after_the_first_batch_is_one_line_naming_batch_and_sample(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    data = ["--data", "faulty.LabelsOutOfRange", "--trainer.callbacks", "[]"]  # no BatchSanityCheck to catch it
+    assert exit_code(["fit", *QUIET, *data]) == 1
+    (line,) = error_lines(capsys)
+    assert "train batch 0 of epoch 0: label 10 of sample" in line and "outside [0, 10)" in line
+
+
+@pytest.mark.parametrize(
+    ("fractions", "says"),
+    [("train", "the training set is empty"), ("val", "the validation set is empty")],
+)
+def test_an_empty_split_stops_in_one_line_and_leaves_no_run_folder(
+    capsys: pytest.CaptureFixture, fractions: str, says: str
+) -> None:
+    data = ["--data", "faulty.EmptySplit", "--data.empty", fractions]
+    assert exit_code(["fit", *QUIET, *data]) == 1
+    (line,) = error_lines(capsys)
+    assert says in line
+    assert not list(Path("runs/digits").glob("*"))  # failed before its first checkpoint: nothing left
+
+
+def test_enable_progress_bar_false_is_honoured() -> None:
+    cli = build_cli(
+        ["fit", *QUIET, "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    )
+    assert cli.trainer.progress_bar_callback is None and cli.trainer.global_step == 10
+
+
+def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(capsys: pytest.CaptureFixture) -> None:
+    assert exit_code(["fit", *QUIET, "--data", "faulty.LabelsOutOfRange"]) == 1  # BatchSanityCheck: batch 0
+    err = capsys.readouterr().err
+    assert "removed " in err and "failed before its first checkpoint" in err
+    assert not list(Path("runs/digits").glob("*"))
+
+
+def test_ckpt_path_last_on_a_corrupt_file_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last"])
+    last = Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {last} is truncated, corrupted or not a checkpoint (UnpicklingError)"] or (
+        len(err) == 1 and str(last) in err[0] and "truncated, corrupted" in err[0]
+    )
+
+
+def test_a_slurm_job_resumes_only_its_own_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    build_cli(["fit", *QUIET, "--ckpt_path", "last"])
+    monkeypatch.setenv("SLURM_JOB_ID", "102")  # another job: another seed, say
+    monkeypatch.delenv("KILN_RUN_DIR", raising=False)
+    capsys.readouterr()
+    second = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--seed_everything", "7"])
+    assert "no checkpoint under" in capsys.readouterr().err
+    assert Path(second.trainer.default_root_dir).name == "job-102" and second.trainer.global_step == 10
+
+
+def _claim(root: str, start: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue) -> None:
+    start.wait()
+    out.put(str(resolve_run_dir(root, "race")))
+
+
+def test_runs_started_at_the_same_instant_never_share_a_folder(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    n = 8
+    start, out = context.Barrier(n), context.Queue()
+    processes = [context.Process(target=_claim, args=(str(tmp_path), start, out)) for _ in range(n)]
+    for process in processes:
+        process.start()
+    folders = [out.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join()
+    assert len(set(folders)) == n
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    runs = tmp_path / "small"
+    runs.mkdir()
+    # a 2 MiB filesystem: room for config, pictures and two ~0.7 MB checkpoints, not for the next write
+    kiln = [sys.executable, "-m", "kiln", "fit", *QUIET, "--run.root", str(runs), "--trainer.max_epochs", "3"]
+    check = (
+        "import glob; from kiln.checkpointing import load_checkpoint_file as load\n"
+        f"for p in sorted(glob.glob('{runs}/digits/*/checkpoints/*')): print('kept', p, load(p)['global_step'])"
+    )
+    mount = f"mount -t tmpfs -o size=2m tmpfs {runs}"
+    script = f'{mount} && {shlex.join(kiln)}; rc=$?; {sys.executable} -c "{check}"; exit $rc'
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert errors[0].startswith("error: no space left on device while writing ") and "intact" in errors[0]
+    kept = [line.split() for line in done.stdout.splitlines() if line.startswith("kept ")]
+    assert kept and all(path.endswith(".ckpt") for _, path, _ in kept)  # loadable, and no temporary file left
+    assert any(path.endswith("/last.ckpt") for _, path, _ in kept)
