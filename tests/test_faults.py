@@ -15,7 +15,9 @@ import pytest
 import torch
 from conftest import CONFIGS, LIMIT
 
+from kiln.checkpointing import load_checkpoint_file
 from kiln.cli import build_cli, main
+from kiln.models import WarmupCosineLR
 from kiln.runs import resolve_run_dir
 
 QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
@@ -149,3 +151,22 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     kept = [line.split() for line in done.stdout.splitlines() if line.startswith("kept ")]
     assert kept and all(path.endswith(".ckpt") for _, path, _ in kept)  # loadable, and no temporary file left
     assert any(path.endswith("/last.ckpt") for _, path, _ in kept)
+
+
+def test_a_resume_that_changes_the_model_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--model.init_args.net.init_args.width", "16"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("error: model.init_args.net.init_args.width: the checkpoint ")
+    assert "was trained with 32, this command gives 16" in line
+    assert load_checkpoint_file(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
+def test_a_resume_with_more_epochs_stretches_the_schedule_instead_of_training_at_lr_0() -> None:
+    build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
+    longer = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "3"])
+    scheduler = longer.trainer.lr_scheduler_configs[0].scheduler
+    assert isinstance(scheduler, WarmupCosineLR)
+    assert scheduler.total_steps == 15  # the restored state said 5: steps 5-14 would have run at lr 0
+    assert 0 < scheduler.factor(7) < 1
