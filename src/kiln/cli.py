@@ -99,6 +99,7 @@ class KilnCLI(LightningCLI):
 
     run_dir: Path | None = None
     resume_dir: Path | None = None  # the run folder of the checkpoint `--ckpt_path last` resumes
+    _checkpoint: dict[str, Any] | None = None  # what `--ckpt_path` names, read once (memory-mapped) until used
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -124,14 +125,14 @@ class KilnCLI(LightningCLI):
                 where = Path(config.run.root).resolve() / config.run.name
                 print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
             else:
-                checkpoint = load_checkpoint_file(found, mmap=True)  # a one-line CheckpointError naming the file
+                self._checkpoint = load_checkpoint_file(found, mmap=True)  # a one-line CheckpointError naming the file
                 if subcommand == "fit":
-                    self._refuse_finished(checkpoint, config, found.parent.parent)
+                    self._refuse_finished(self._checkpoint, config, found.parent.parent)
                 print(f"resuming from {found}", file=sys.stderr)
             config.ckpt_path = str(found) if found else None
             self.resume_dir = found.parent.parent if found else None
         elif ckpt_path not in (None, "best", "hpc"):
-            load_checkpoint_file(ckpt_path, mmap=True)  # raises a one-line CheckpointError naming the file
+            self._checkpoint = load_checkpoint_file(ckpt_path, mmap=True)  # a one-line CheckpointError naming the file
 
     @staticmethod
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
@@ -147,14 +148,14 @@ class KilnCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Lightning applies the checkpoint's model settings over the command line; kiln refuses a
         resume that changes them instead (they would be ignored) and never lets a redacted secret
-        replace the real one. Overrides a private LightningCLI method (docs/maintainers.md)."""
-        subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        replace the real one. Overrides a private LightningCLI method (README: private APIs relied on)."""
+        checkpoint, self._checkpoint = self._checkpoint, None  # not held (nor its file mapped) for the whole run
+        if checkpoint is None:  # no checkpoint file named (or `last` found none)
             return
-        saved = load_checkpoint_file(ckpt_path, mmap=True).get("hyper_parameters", {})
+        subcommand = self.config.subcommand
+        saved = checkpoint.get("hyper_parameters", {})
         if subcommand == "fit":
-            refuse_changed_settings(saved, self.config.fit.model, ckpt_path)
+            refuse_changed_settings(saved, self.config.fit.model, self.config.fit.ckpt_path)
             return  # the model is built from the command line, which matches the checkpoint
         given = self.config[subcommand].clone()
         super()._parse_ckpt_path()
@@ -280,5 +281,5 @@ def main(args: ArgsType = None) -> None:
 
 def _remove_failed_run() -> None:
     """A run that failed before its first checkpoint leaves no folder for ``--ckpt_path last`` to step around."""
-    if runs.remove_failed_run(runs.created):
-        print(f"removed {runs.created}: the run failed before its first checkpoint", file=sys.stderr)
+    if removed := runs.remove_failed_run():
+        print(f"removed {removed}: the run failed before its first checkpoint", file=sys.stderr)

@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 RUN_DIR_ENV = "KILN_RUN_DIR"
+created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
 
 
 def _job_id() -> str | None:
@@ -56,21 +57,16 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> 
     return run_dir
 
 
-created: Path | None = None  # the run folder this process created (not resumed), until it holds a checkpoint
-
-
-def remove_failed_run(run_dir: Path | None) -> bool:
-    """Remove a run folder this process created when the run failed before writing any checkpoint.
+def remove_failed_run() -> Path | None:
+    """Remove the run folder this process created when the run failed before writing any checkpoint.
 
     It would hold only ``config.yaml`` and logger files of a run that trained nothing, which a
-    later ``--ckpt_path last`` steps around without a word.
+    later ``--ckpt_path last`` steps around without a word. Returns the folder removed.
     """
-    if run_dir is None or run_dir != created or not run_dir.is_dir():
-        return False
-    if any(run_dir.glob("checkpoints/*.ckpt")):
-        return False
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return True
+    if created is None or not created.is_dir() or any(created.glob("checkpoints/*.ckpt")):
+        return None
+    shutil.rmtree(created, ignore_errors=True)
+    return created
 
 
 def latest_checkpoint(root: str | Path, name: str) -> Path | None:

@@ -20,18 +20,41 @@ def is_secret_name(key: str) -> bool:
     return bool(SECRET_NAME.search(key.rsplit(".", 1)[-1]))
 
 
+def _holds_secret(key: str, value: Any) -> bool:
+    return bool(key) and is_secret_name(key) and value not in (None, "", {}, [])
+
+
+def _children(value: Any) -> list[tuple[str, Any]]:
+    """The named entries of a Namespace or dict, or the items of a list (unnamed)."""
+    if isinstance(value, Namespace):
+        return list(vars(value).items())
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, list | tuple):
+        return [("", v) for v in value]
+    return []
+
+
 def redact(value: Any, key: str = "") -> Any:
     """A copy of nested dicts/lists/Namespaces with every value under a secret-looking key replaced,
     whatever its type (a string, a number, a whole dict of keys)."""
-    if key and is_secret_name(key) and value not in (None, "", {}, []):
+    if _holds_secret(key, value):
         return REDACTED
     if isinstance(value, Namespace):
-        return Namespace(**{k: redact(v, k) for k, v in vars(value).items()})
+        return Namespace(**{k: redact(v, k) for k, v in _children(value)})
     if isinstance(value, dict):
         return {k: redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return type(value)(redact(v) for v in value)
     return value
+
+
+def secret_values(value: Any, key: str = "") -> list[str]:
+    """Every value under a secret-looking key (each leaf of a dict or list), as text: to scrub from messages."""
+    if _holds_secret(key, value):
+        children = _children(value)
+        return [s for _, v in children for s in secret_values(v, "secret")] if children else [str(value)]
+    return [s for k, v in _children(value) for s in secret_values(v, k)]
 
 
 def redact_text(text: str, secrets: list[str]) -> str:
@@ -40,21 +63,3 @@ def redact_text(text: str, secrets: list[str]) -> str:
         if len(secret) >= 4:
             text = text.replace(secret, REDACTED)
     return text
-
-
-def secret_values(value: Any, key: str = "") -> list[str]:
-    """Every non-empty value under a secret-looking key, as text (to scrub them from messages)."""
-    if key and is_secret_name(key) and value not in (None, "", {}, []):
-        if isinstance(value, dict | Namespace):
-            items = vars(value).items() if isinstance(value, Namespace) else value.items()
-            return [str(v) for k, v in items for v in secret_values(v, "secret")]
-        if isinstance(value, list | tuple):
-            return [str(v) for v in value]
-        return [str(value)]
-    if isinstance(value, Namespace):
-        return [s for k, v in vars(value).items() for s in secret_values(v, k)]
-    if isinstance(value, dict):
-        return [s for k, v in value.items() for s in secret_values(v, str(k))]
-    if isinstance(value, list | tuple):
-        return [s for v in value for s in secret_values(v, key)]
-    return []

@@ -31,20 +31,22 @@ def _step(path: str) -> int | None:
     return load_checkpoint_file(path, mmap=True).get("global_step")
 
 
-def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str, str | None]]:
-    """``(label, file)`` pairs: the best and/or the last checkpoint; one pair when both hold the same step."""
+def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str, str | None, int | None]]:
+    """``(label, file, step)``: the best and/or the last checkpoint; one entry when both hold the same step."""
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
     last_file = last_checkpoint_path(trainer.default_root_dir)
     last = str(last_file) if last_file.is_file() else None
     if best is None and last is None:
-        return [("final weights", None)]
+        return [("final weights", None, trainer.global_step)]
     if choice == "best" or last is None:
-        return [("best" if best else "last", best or last)]
+        path = best or last
+        return [("best" if best else "last", path, _step(path))]  # type: ignore[arg-type]
     if choice == "last" or best is None:
-        return [("last", last)]
-    if _step(best) == _step(last):
-        return [("best = last", best)]
-    return [("best", best), ("last", last)]
+        return [("last", last, _step(last))]
+    best_step, last_step = _step(best), _step(last)
+    if best_step == last_step:
+        return [("best = last", best, best_step)]
+    return [("best", best, best_step), ("last", last, last_step)]
 
 
 def test_after_fit(
@@ -52,11 +54,9 @@ def test_after_fit(
 ) -> dict[str, float]:
     """Test the chosen checkpoints, write ``metrics.json``, print the summary; the first one's metrics."""
     results = []
-    for label, path in checkpoints_to_test(trainer, choice):
+    for label, path, step in checkpoints_to_test(trainer, choice):
         out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
-        results.append(
-            TestResult(label, path, _step(path) if path else trainer.global_step, dict(out[0]) if out else {})
-        )
+        results.append(TestResult(label, path, step, dict(out[0]) if out else {}))
     run_dir = Path(trainer.default_root_dir)
     if trainer.is_global_zero:
         write_metrics(run_dir, trainer, results)

@@ -218,7 +218,7 @@ class ImageDataModule(LightningDataModule):
         checkpoint on no data, or report a test on nothing: each stops here, in one line."""
         if len(dataset) > 0:  # type: ignore[arg-type]
             return
-        split = "training" if train else {id(self.val_set): "validation"}.get(id(dataset), "evaluation")
+        split = "training" if train else "validation" if dataset is self.val_set else "evaluation"
         if split == "validation" and self.trainer is not None and self.trainer.limit_val_batches == 0:
             return  # validation turned off on purpose
         fix = "check the data files and the split fractions"
