@@ -36,17 +36,25 @@ def test_fit_fills_one_run_folder_and_prints_summary(
     assert os.environ["WANDB_MODE"] == "offline"
 
 
-def test_summary_names_metrics_checkpoint_folder_and_sync(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    main(["fit", *LIMIT])
+def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console() -> None:
+    # a real console: W&B prints its history as it closes, from its own process, on the same terminal
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kiln", "fit", *LIMIT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
     (run_dir,) = run_dirs()
-    out = capsys.readouterr().out
+    out = done.stdout
     assert "test/acc" in out and "test/loss" in out
     assert str(run_dir) in out
     assert "checkpoints/best-" in out
     assert f"wandb sync {run_dir}/wandb/offline-run-" in out
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert last.startswith(f"W&B offline; upload with wandb sync {run_dir}/wandb/offline-run-"), out[-1500:]
 
 
 def test_wandb_run_config_holds_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ def wandb_sync_command(trainer: Any) -> str | None:
     return None
 
 
-def print_summary(trainer: Any, results: list[TestResult], run_dir: Path | None) -> None:
+def print_summary(results: list[TestResult], run_dir: Path | None, wandb_sync: str | None) -> None:
     """Print one line per fact, unwrapped so paths can be copied; one column per tested checkpoint."""
     keys = sorted({key for result in results for key in result.metrics})
     lines = []
@@ -35,8 +35,8 @@ def print_summary(trainer: Any, results: list[TestResult], run_dir: Path | None)
         source = f"{r.checkpoint} (step {r.step})" if r.checkpoint else "the final weights (no checkpoint was saved)"
         lines.append(f"[bold]tested {r.label}[/bold] {source}")
     lines.append(f"[bold]run folder[/bold] {run_dir}")
-    if sync := wandb_sync_command(trainer):
-        lines.append(f"[bold]W&B offline; upload with[/bold] {sync}")
+    if wandb_sync:
+        lines.append(f"[bold]W&B offline; upload with[/bold] {wandb_sync}")
     console = Console(soft_wrap=True)
     console.rule("Run summary", align="left")
     for line in lines:

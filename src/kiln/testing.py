@@ -12,6 +12,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from kiln.callbacks.last import last_checkpoint_path
 from kiln.checkpointing import load_checkpoint_file
+from kiln.wandb_mode import finish_wandb
 
 TestChoice = Literal["best", "last", "both"]
 METRICS_FILE = "metrics.json"
@@ -60,9 +61,11 @@ def test_after_fit(
     run_dir = Path(trainer.default_root_dir)
     if trainer.is_global_zero:
         write_metrics(run_dir, trainer, results)
-        from kiln.summary import print_summary
+        from kiln.summary import print_summary, wandb_sync_command
 
-        print_summary(trainer, results, run_dir)
+        sync = wandb_sync_command(trainer)  # read from the run before it closes
+        finish_wandb()  # W&B prints its history as it closes: before the summary, so the console ends on it
+        print_summary(results, run_dir, sync)
     return results[0].metrics
 
 
