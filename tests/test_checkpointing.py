@@ -60,7 +60,7 @@ def test_last_ckpt_is_always_the_newest_state_never_versioned_and_a_finished_rer
     main(["fit", *stale_prone, "--trainer.max_epochs", "3"])  # the same command again: exit 0, nothing done
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        f"{checkpoints.parent} is complete (training finished at epoch 3, step 15; tested): nothing to do. "
+        f"{checkpoints.parent} is complete (training finished at epoch 3, step 15): nothing to do. "
         "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
     ]
     assert (checkpoints / "last.ckpt").stat().st_mtime_ns == before
@@ -127,3 +127,17 @@ def test_ckpt_path_last_finds_the_newest_run_and_continues_in_its_folder(capsys:
     assert f"resuming from {first_dir / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().err
     assert Path(longer.trainer.default_root_dir) == first_dir  # continued in place
     assert longer.trainer.global_step == 3 * 5 and longer.trainer.current_epoch == 3
+
+
+def test_a_finished_run_whose_test_never_completed_is_tested_not_retrained(capsys: pytest.CaptureFixture) -> None:
+    args = ["fit", *LIMIT, "--trainer.logger", "false", "--ckpt_path", "last"]
+    first = build_cli(args)
+    run_dir = Path(first.trainer.default_root_dir)
+    capsys.readouterr()
+    main(args)
+    assert "training finished at epoch 2, step 10; tested): nothing to do" in capsys.readouterr().err
+    (run_dir / "metrics.json").unlink()  # as if the test after fit had been stopped
+    again = build_cli(args)
+    assert again.test_metrics is not None and (run_dir / "metrics.json").is_file()
+    assert again.trainer.global_step == 10  # nothing trained
+    assert load_checkpoint_file(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10

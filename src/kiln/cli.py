@@ -24,7 +24,7 @@ from kiln.errors import KilnError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
-from kiln.testing import TestChoice, test_after_fit
+from kiln.testing import METRICS_FILE, TestChoice, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -138,10 +138,11 @@ class KilnCLI(LightningCLI):
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
         """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
         why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
-        if why is None or (config.run.test_after_fit and not (run_dir / "metrics.json").is_file()):
+        tested = (run_dir / METRICS_FILE).is_file()
+        if why is None or (config.run.test_after_fit and not tested):
             return
         raise AlreadyFinished(
-            f"{run_dir} is complete ({why}; tested): nothing to do. "
+            f"{run_dir} is complete ({why}{'; tested' if tested else ''}): nothing to do. "
             "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
         )
 
