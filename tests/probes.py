@@ -76,3 +76,17 @@ class SignalAtStep(Callback):
                 subprocess.run(["kill", f"-{self.signal.name}", "--", f"-{os.getpgrp()}"], check=False)
             else:
                 os.kill(os.getpid(), self.signal)
+
+
+class SignalInValidation(Callback):
+    """Sends SIGTERM to this process after validation batch ``batch`` of epoch ``epoch``, once (a marker file)."""
+
+    def __init__(self, epoch: int, batch: int, marker: str) -> None:
+        self.epoch, self.batch, self.marker = epoch, batch, Path(marker)
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if trainer.sanity_checking or trainer.current_epoch != self.epoch or args[2] != self.batch:
+            return
+        if not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,48 @@ def test_signal_saves_and_the_same_command_resumes_exactly(tmp_path: Path, name:
     reference = launch(tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-2000:]
     assert_bitwise_equal(final_state(str(run_dir)), final_state(str(tmp_path / "reference" / "digits" / "job-777")))
+
+
+def _checkpoint_bookkeeping(run_dir: Path) -> dict:
+    """The best-checkpoint state of ``last.ckpt``, with file names instead of paths (the runs' folders differ)."""
+    state = final_state(str(run_dir))["callbacks"]
+    (key,) = [k for k in state if k.startswith("ModelCheckpoint")]
+    mc = state[key]
+    return {
+        "best": Path(mc["best_model_path"]).name,
+        "scores": [mc["best_model_score"], mc["current_score"], *mc["best_k_models"].values()],
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epoch", [1, 2], ids=["middle_epoch", "last_epoch"])
+def test_sigterm_during_validation_is_validated_again_on_resume(tmp_path: Path, epoch: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    args = [
+        sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "deterministic.yaml"),
+        "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "3",
+        "--trainer.limit_test_batches", "2", "--trainer.logger", "false", "--run.test_ckpt", "best",
+        "--ckpt_path", "last",
+    ]  # fmt: skip
+    probe = ["--trainer.callbacks+=probes.SignalInValidation", f"--trainer.callbacks.epoch={epoch}",
+             "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+
+    def launch(root: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*args, "--run.root", root, *extra], capture_output=True, text=True, env=env, timeout=300)
+
+    first = launch("cut", *probe)  # SIGTERM in an epoch's validation, after its first batch
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert f"SIGTERM: stopped after step {4 * (epoch + 1)} (in validation, which runs again" in first.stderr
+    second = launch("cut", *probe)
+    assert second.returncode == 0, second.stderr[-2000:]
+    reference = launch("whole")
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    (cut,), (whole,) = (list(Path(tmp_path, root).glob("digits/*")) for root in ("cut", "whole"))
+    assert _checkpoint_bookkeeping(cut) == _checkpoint_bookkeeping(whole)  # the cut epoch was validated
+    for key, value in final_state(str(cut))["state_dict"].items():
+        assert torch.equal(value, final_state(str(whole))["state_dict"][key]), key
+    tested = [json.loads((d / "metrics.json").read_text())["test"] for d in (cut, whole)]
+    for result in tested:
+        result[0]["checkpoint"] = Path(result[0]["checkpoint"]).name
+    assert tested[0] == tested[1]

@@ -96,6 +96,9 @@ class ExactResume(Callback):
             self._pending = None
 
 
+VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (README: private APIs)
+
+
 class Preempted(Exception):
     """A stage stopped on SIGUSR1 (after saving a resumable checkpoint in ``fit``, and requeueing under SLURM)."""
 
@@ -120,6 +123,7 @@ class PreemptionCheckpoint(Callback):
 
     def __init__(self) -> None:
         self.saved: Path | None = None
+        self._cut_validation = False
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
         owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
@@ -128,8 +132,9 @@ class PreemptionCheckpoint(Callback):
         else:
             self.saved = last_checkpoint_path(trainer.default_root_dir)
             trainer.save_checkpoint(self.saved)
+        where = " (in validation, which runs again on resume)" if self._cut_validation else ""
         rank_zero_info(
-            f"{signal_name}: stopped after step {trainer.global_step}, saved {self.saved}; "
+            f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
             "run the same command with `--ckpt_path last` to continue"
         )
 
@@ -157,10 +162,20 @@ class PreemptionCheckpoint(Callback):
     def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._stop_evaluation(trainer, args[1])
 
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._cut_validation:
+            # Lightning resumes an evaluation cut inside a batch from its last completed batch, and one
+            # cut between batches not at all; the metrics of the batches before the cut are not saved,
+            # so the resume is marked as cut inside batch 0: the whole validation runs again
+            cut = {"ready": 1, "started": 1, "processed": 0, "completed": 0}
+            progress = {"total": cut, "current": dict(cut), "is_last_batch": False}
+            checkpoint["loops"]["fit_loop"][VALIDATION_PROGRESS] = progress
+
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             return
         if trainer.state.fn == "fit":
+            self._cut_validation = trainer.validating and not trainer.sanity_checking
             self._save(trainer, "SIGTERM")
         else:
             rank_zero_info(f"SIGTERM: stopped {trainer.state.stage}; nothing to save")
