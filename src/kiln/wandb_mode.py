@@ -2,61 +2,78 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import netrc
 import os
-import socket
 import sys
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
 
-def has_api_key() -> bool:
-    """True when W&B would find a key: ``WANDB_API_KEY`` or a ``wandb login`` entry in netrc."""
-    if os.environ.get("WANDB_API_KEY"):
-        return True
+def _base_url() -> str:
+    return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
+
+
+def api_key() -> str | None:
+    """The key W&B would use: ``WANDB_API_KEY``, or the ``wandb login`` entry for the server in netrc."""
+    if key := os.environ.get("WANDB_API_KEY"):
+        return key
     path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     try:
-        hosts = netrc.netrc(str(path)).hosts
+        entry = netrc.netrc(str(path)).authenticators(urlsplit(_base_url()).hostname or "")
     except (OSError, netrc.NetrcParseError):
-        return False
-    base = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].rstrip("/")
-    return base in hosts
+        return None
+    return entry[2] if entry and entry[2] else None
 
 
-def server_unreachable(timeout: float = 5.0) -> str | None:
-    """Why the W&B server cannot be reached within ``timeout`` seconds (DNS included), or ``None``."""
-    url = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
-    host, port = url.hostname or "api.wandb.ai", url.port or (80 if url.scheme == "http" else 443)
+def server_problem(key: str, timeout: float = 10.0) -> str | None:
+    """Why W&B could not start an online run with ``key`` (no connection, no answer, an HTTP error, a
+    refused key), or ``None``: one authenticated GraphQL query, as ``wandb.init`` makes, bounded in time."""
+    url = f"{_base_url()}/graphql"
+    auth = base64.b64encode(f"api:{key}".encode()).decode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Basic {auth}"}
+    request = urllib.request.Request(url, json.dumps({"query": "{ viewer { id } }"}).encode(), headers)
     outcome: list[str | None] = []
 
-    def connect() -> None:
+    def ask() -> None:
         try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            outcome.append(None)
-        except OSError as err:
-            outcome.append(f"{host}:{port}: {err.strerror or err}")
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                viewer = (json.loads(response.read()).get("data") or {}).get("viewer")
+            outcome.append(None if viewer else f"{url} does not know this API key")
+        except urllib.error.HTTPError as err:
+            refused = " (the API key was refused)" if err.code in (401, 403) else ""
+            outcome.append(f"{url} answered HTTP {err.code} {err.reason}{refused}")
+        except (OSError, ValueError, AttributeError) as err:  # no connection, a timeout, not W&B's JSON
+            reason = getattr(err, "reason", None) or err
+            reason = silent if isinstance(reason, TimeoutError) else getattr(reason, "strerror", None) or reason
+            outcome.append(f"{url}: {reason}")
 
-    probe = threading.Thread(target=connect, daemon=True)  # getaddrinfo itself has no timeout
+    silent = f"no answer in {timeout:.0f} s"
+    probe = threading.Thread(target=ask, daemon=True)  # getaddrinfo itself has no timeout
     probe.start()
-    probe.join(timeout)
-    return outcome[0] if outcome else f"{host}:{port}: no answer in {timeout:.0f} s"
+    probe.join(timeout + 5)  # a server that answers a byte at a time is bounded here too
+    return outcome[0] if outcome else f"{url}: {silent}"
 
 
 def ensure_wandb_mode() -> str | None:
-    """Respect ``WANDB_MODE`` when set; else log offline, with a one-line notice, without a key or a server.
+    """Respect ``WANDB_MODE`` when set; else log offline, with a one-line notice, unless an online run can start.
 
-    W&B would prompt for a missing key on a terminal, and with a key but no network it blocks
-    for minutes before failing.
+    W&B would prompt for a missing key on a terminal; with a key but a server (or a proxy) that
+    does not answer, or answers with an error, it blocks for minutes and then fails the run.
     """
     if os.environ.get("WANDB_MODE"):
         return None
-    if not has_api_key():
+    key = api_key()
+    if key is None:
         os.environ["WANDB_MODE"] = "offline"
         return "W&B: no API key (set WANDB_API_KEY or run `wandb login`), logging offline; `wandb sync` uploads later"
-    if reason := server_unreachable():
+    if reason := server_problem(key):
         os.environ["WANDB_MODE"] = "offline"
-        return f"W&B: server unreachable ({reason}), logging offline; `wandb sync` uploads it later"
+        return f"W&B: cannot start an online run ({reason}), logging offline; `wandb sync` uploads it later"
     return None
 
 
