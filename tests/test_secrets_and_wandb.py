@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+import yaml
 from conftest import LIMIT
 
 from kiln.cli import build_cli, main
@@ -161,3 +162,14 @@ def test_wandb_logger_arguments_reach_the_run_without_deprecation_warnings(
     assert tuple(run.tags) == ("a", "b") and run.group == "g1" and run.project == "kiln"
     assert run.name == f"digits/{cli.run_dir.name}"  # type: ignore[union-attr]
     assert "anonymous" not in capsys.readouterr().err  # Lightning's class passes it and W&B warns every run
+
+
+def test_dict_typed_init_arguments_run_and_are_saved(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the README's route to any other wandb.init argument
+    extra = ["--trainer.logger", "lightning.pytorch.loggers.WandbLogger",
+             "--trainer.logger.dict_kwargs.config", '{"team_note": 1}']  # fmt: skip
+    main(["fit", *LIMIT, "--trainer.max_epochs", "1", "--run.test_after_fit", "false", *extra])
+    (run_dir,) = Path("runs/digits").iterdir()
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["trainer"]["logger"]["init_args"]["config"] == {"team_note": 1}  # a dict, not a Namespace
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
+from jsonargparse import ArgumentError, Namespace
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -20,7 +20,8 @@ from kiln.callbacks.last import finished_training, last_checkpoint_path
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
-from kiln.errors import KilnError
+from kiln.config_errors import describe
+from kiln.errors import KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
@@ -113,7 +114,17 @@ class KilnCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
+            given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
+            command = next((a for a in given if a in self.subcommands()), None)
+            known = self._subcommand_parsers[command] if command else parser  # a LightningCLI attribute
+
+            def known_keys() -> list[str]:
+                return list(known.get_defaults().keys())
+
+            raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
         if not self.config.get("subcommand"):
             return
         subcommand = self.config.subcommand
@@ -242,19 +253,18 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
     ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
     tests get exactly what ``kiln fit`` would train.
     """
-    defaults: dict[str, Any] = {
-        "default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else [],
+    top: dict[str, Any] = {
         "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
+        "exit_on_error": False,  # parse errors become one line (kiln.config_errors), not usage plus nested errors
     }
+    defaults = {**top, "default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []}
     return KilnCLI(
         model_class=None,
         datamodule_class=None,
         save_config_callback=WandbConfigSaver,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
-        parser_kwargs={"allow_abbrev": False, **{sub: defaults for sub in LightningCLI.subcommands()}}
-        if run
-        else defaults,
+        parser_kwargs={**top, **{sub: defaults for sub in LightningCLI.subcommands()}} if run else defaults,
         args=args,
         run=run,
     )
@@ -270,7 +280,7 @@ def main(args: ArgsType = None) -> None:
     except KilnError as err:
         print(f"error: {err}", file=sys.stderr)
         _remove_failed_run()
-        sys.exit(1)
+        sys.exit(err.exit_code)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved
     except Preempted:

@@ -4,6 +4,14 @@
 class KilnError(Exception):
     """A problem with the user's input (data, config, checkpoint) whose message says what to do."""
 
+    exit_code = 1
+
+
+class UsageError(KilnError):
+    """Settings that do not parse (an unknown key, a wrong type, a missing class); exits 2, as argparse does."""
+
+    exit_code = 2
+
 
 class MissingDataError(KilnError, FileNotFoundError):
     """Dataset files are absent and could not be downloaded."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, to_unit_float
 from kiln.data.sampling import ResumableSampler
-from kiln.errors import DataError, HealthCheckError
+from kiln.errors import ConfigError, DataError, HealthCheckError
 from kiln.stop_signals import ignore_in_worker
 
 Transform = Callable[[Tensor], Tensor]
@@ -135,9 +136,9 @@ class ImageDataModule(LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
-        eval_batch_size: int | None = None,
-        num_workers: int | None = None,
+        batch_size: PositiveInt = 64,
+        eval_batch_size: PositiveInt | None = None,
+        num_workers: NonNegativeInt | None = None,
         train_transforms: list[nn.Module] | None = None,
         mean: tuple[float, ...] | None = None,
         std: tuple[float, ...] | None = None,
@@ -146,7 +147,7 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if on_device and train_transforms:
-            raise ValueError(
+            raise ConfigError(
                 "data.train_transforms run per sample in the DataLoader path and do not apply with "
                 "data.on_device=true: set data.batch_augment (e.g. kiln.data.BatchRandomAffine) instead"
             )

@@ -1,0 +1,225 @@
+"""A config that does not parse, as one line: the file (or the command line), the full key, the value, the fix.
+
+jsonargparse reports a nested mistake (``monitr:`` in a callback, ``lr: fast``, a misspelt
+``class_path``) as 15-30 lines under the parent key only (``Parser key "trainer.callbacks"``),
+never naming the file, and echoes whole argument dicts, secrets included. Its message still holds
+the chain of keys and classes down to the mistake; this reads that chain and finds the setting in
+the sources the user wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.secrets import REDACTED, is_secret_name, redact_text, secret_values
+
+KEY = re.compile(r'Parser key "([^"]+)"')
+CLASS = re.compile(r"Problem with given class_path '([^']+)'")
+UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
+NO_ATTRIBUTE = re.compile(r"module '([^']+)' has no attribute '([^']+)'")
+NO_MODULE = re.compile(r"No module named '([^']+)'")
+UNKNOWN_KEY = re.compile(r"does not accept option '([^']+)'|unrecognized arguments: --([^\s=]+)")
+GIVEN = re.compile(r"^Given value: (.*?)(?:\. Got value: .*)?$|Not of type \w+: (.*) does not conform")
+EXPECTED = re.compile(r"Expected an? (?:<class '([^']+)'>|([A-Z]\w+))|Not of type (\w+)")
+YAML_PROBLEM = "Problems parsing config"
+MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
+COMMAND_LINE = "the command line"
+
+
+@dataclass
+class Source:
+    """Settings as the user wrote them: a YAML file, or the command line, each entry a (path, value)."""
+
+    name: str
+    entries: list[tuple[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Mistake:
+    """The innermost problem in a jsonargparse message, with the keys and classes that lead to it."""
+
+    kind: str
+    found: tuple[str, ...]
+    keys: list[str]
+    classes: list[str]
+    expected: list[str]
+
+
+def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every node of loaded YAML as (dotted path with ``[i]`` for list items, value)."""
+    if path:
+        yield path, value
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _walk(child, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _walk(child, f"{path}[{i}]")
+
+
+def _load(path: str) -> Any:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
+    """Where the settings came from, in the order they apply: default files, then ``-c`` files and flags."""
+    found = [Source(str(path)) for path in default_files]
+    flags = Source(COMMAND_LINE)
+    tokens = iter(args)
+    for token in tokens:
+        if not token.startswith("-"):
+            continue
+        key, _, value = token.lstrip("-").partition("=")
+        if not _:
+            value = next(tokens, "")
+        if key in ("c", "config"):
+            found.append(Source(value))
+        else:
+            flags.entries.append((key.rstrip("+"), value))
+    for source in found:
+        with contextlib.suppress(OSError, yaml.YAMLError):  # a file that does not load is named by its own error
+            source.entries = list(_walk(_load(source.name)))
+    return [*found, flags]
+
+
+def _skeleton(path: str) -> tuple[str, ...]:
+    """A key path without list positions and ``init_args``: the same setting however it was written."""
+    parts = re.sub(r"\[\d+\]", "", path).split(".")
+    return tuple(part for part in parts if part not in ("init_args", "dict_kwargs"))
+
+
+def _where(settings: list[Source], match: Callable[[str, Any], bool], path: str) -> str:
+    """Where the last matching setting (the one that applied) was written: ``file: key`` or ``--key``; else ``path``."""
+    for source in reversed(settings):
+        for written, value in reversed(source.entries):
+            if match(written, value):
+                return f"--{written}" if source.name == COMMAND_LINE else f"{source.name}: {written}"
+    return path
+
+
+def read_mistake(message: str) -> Mistake | None:
+    """The innermost problem of a jsonargparse message: nested alternatives are indented under their key."""
+    stack: list[tuple[int, str, str]] = []  # (indent, "key" | "class", name)
+    expected: list[str] = []
+    candidates: list[Mistake] = []
+    for line in message.splitlines():
+        text = line.strip(" -")
+        if not text:
+            continue
+        indent = len(line) - len(line.lstrip(" "))  # a "- " alternative nests under the line above it
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        for kind, pattern in (("key", KEY), ("class", CLASS)):
+            if found := pattern.search(text):
+                stack.append((indent, kind, found.group(1)))
+                expected = []
+        keys = [name for _, kind, name in stack if kind == "key"]
+        classes = [name for _, kind, name in stack if kind == "class"]
+        if found := EXPECTED.search(text):
+            expected.append(next(g for g in found.groups() if g))
+        for kind, pattern in (
+            ("option", UNKNOWN_OPTION), ("class", NO_ATTRIBUTE), ("module", NO_MODULE),
+            ("key", UNKNOWN_KEY), ("value", GIVEN),
+        ):  # fmt: skip
+            if found := pattern.search(text):
+                groups = tuple(g for g in found.groups() if g is not None)
+                candidates.append(Mistake(kind, groups, keys, classes, [e for e in expected if e != "NoneType"]))
+    order = ["option", "class", "module", "key", "value"]
+    candidates.sort(key=lambda m: (order.index(m.kind), -len(m.keys) - len(m.classes)))
+    return candidates[0] if candidates else None
+
+
+def _import(dotted: str) -> Any:
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _parameters(cls: Any) -> list[str]:
+    """The arguments a class accepts, through ``**kwargs`` to its bases as jsonargparse reads them."""
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", [cls]):
+        try:
+            parameters = inspect.signature(klass.__init__).parameters.values()
+        except (TypeError, ValueError):
+            break
+        names += [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
+def _nearest(word: str, options: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def describe(message: str, args: list[str], default_files: Iterable[str], known_keys: Callable[[], list[str]]) -> str:
+    """One line for a jsonargparse error ``message``: where, which key, what is wrong, the nearest valid choice."""
+    settings = sources(args, default_files)
+    line = _describe(message, settings, known_keys)
+    secrets = [s for source in settings for path, value in source.entries for s in secret_values({path: value})]
+    return redact_text(line, secrets)
+
+
+def _describe(message: str, settings: list[Source], known_keys: Callable[[], list[str]]) -> str:
+    if YAML_PROBLEM in message:
+        for source in settings[:-1]:
+            try:
+                _load(source.name)
+            except yaml.YAMLError as err:
+                mark = getattr(err, "problem_mark", None)
+                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+                return f"{source.name}: {where}not valid YAML ({getattr(err, 'problem', None) or err})"
+            except OSError:
+                continue
+    if missing := MISSING_FILE.search(message):  # named as the user wrote it, not as jsonargparse resolved it
+        absent = Path(missing.group(1)).resolve()
+        name = next((s.name for s in settings if Path(s.name).resolve() == absent), str(absent))
+        return f"{name}: no such file"
+    mistake = read_mistake(message)
+    if mistake is None:
+        return " ".join(message.split())
+    path = ".init_args.".join(mistake.keys)
+    if mistake.kind == "option":
+        (option,) = mistake.found
+        owner = mistake.classes[-1] if mistake.classes else ""
+        target = _skeleton(f"{path}.{option}")
+        where = _where(settings, lambda p, v: _skeleton(p) == target, f"{path}.init_args.{option}")
+        hint = _nearest(option, _parameters(_import(owner)))
+        return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
+    if mistake.kind in ("class", "module"):
+        if mistake.kind == "class":
+            given = ".".join(mistake.found)
+        else:
+            given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
+        where = _where(settings, lambda p, v: v == given, f"{path}.class_path")
+        if mistake.kind == "class":
+            module, name = mistake.found
+            names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+            hint = _nearest(name, names).replace("mean ", f"mean {module}.")
+        else:
+            hint = ""
+        return f"{where}: no class {given}{hint}"
+    if mistake.kind == "key":
+        key = mistake.found[0]
+        where = _where(settings, lambda p, v: _skeleton(p) == _skeleton(key), key)
+        return f"{where}: no such setting{_nearest(key, known_keys())}"
+    (value,) = mistake.found
+    where = _where(settings, lambda p, v: _skeleton(p) == _skeleton(path), path)
+    shown = REDACTED if is_secret_name(path) else repr(value)
+    if not mistake.expected:
+        return f"{where}: {shown} is not accepted"
+    return f"{where}: {shown} given, expected {' or '.join(dict.fromkeys(mistake.expected))}"
