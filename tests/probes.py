@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -78,15 +79,36 @@ class SignalAtStep(Callback):
                 os.kill(os.getpid(), self.signal)
 
 
-class SignalInValidation(Callback):
-    """Sends SIGTERM to this process after validation batch ``batch`` of epoch ``epoch``, once (a marker file)."""
+class SignalInEvaluation(Callback):
+    """Sends a real signal to this process after batch ``batch`` of an evaluation ``stage`` (``validate``,
+    ``test``, ``predict``; in ``fit``, of epoch ``epoch``), once (a marker file remembers)."""
 
-    def __init__(self, epoch: int, batch: int, marker: str) -> None:
-        self.epoch, self.batch, self.marker = epoch, batch, Path(marker)
+    def __init__(self, stage: str, batch: int, marker: str, name: str = "SIGTERM", epoch: int | None = None) -> None:
+        self.stage, self.batch, self.marker, self.signal, self.epoch = stage, batch, Path(marker), name, epoch
+
+    def _maybe_send(self, trainer: Trainer, batch_idx: int) -> None:
+        if trainer.sanity_checking or trainer.state.stage != self.stage or batch_idx != self.batch:
+            return
+        if (self.epoch is None or trainer.current_epoch == self.epoch) and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.Signals[self.signal])
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        if trainer.sanity_checking or trainer.current_epoch != self.epoch or args[2] != self.batch:
-            return
-        if not self.marker.exists():
-            self.marker.touch()
-            os.kill(os.getpid(), signal.SIGTERM)
+        self._maybe_send(trainer, args[2])
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+    def on_predict_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+
+class RecordLabels(Callback):
+    """Appends each training batch's labels to ``path`` (one JSON list per line): which samples came when."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps(batch[1].tolist()) + "\n")

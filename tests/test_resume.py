@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
 
@@ -145,8 +145,9 @@ def test_sigterm_during_validation_is_validated_again_on_resume(tmp_path: Path, 
         "--trainer.limit_test_batches", "2", "--trainer.logger", "false", "--run.test_ckpt", "best",
         "--ckpt_path", "last",
     ]  # fmt: skip
-    probe = ["--trainer.callbacks+=probes.SignalInValidation", f"--trainer.callbacks.epoch={epoch}",
-             "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    probe = ["--trainer.callbacks+=probes.SignalInEvaluation", "--trainer.callbacks.stage=validate",
+             f"--trainer.callbacks.epoch={epoch}", "--trainer.callbacks.batch=0",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def launch(root: str, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([*args, "--run.root", root, *extra], capture_output=True, text=True, env=env, timeout=300)
@@ -167,3 +168,78 @@ def test_sigterm_during_validation_is_validated_again_on_resume(tmp_path: Path, 
     for result in tested:
         result[0]["checkpoint"] = Path(result[0]["checkpoint"]).name
     assert tested[0] == tested[1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of a short run, for the subcommands that evaluate one."""
+    root = tmp_path_factory.mktemp("trained")
+    cli = build_cli(
+        ["fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false", "--run.root", str(root)]
+    )
+    return Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def _with_scontrol(tmp_path: Path) -> dict[str, str]:
+    """An environment inside SLURM job 777 whose ``scontrol`` records what a requeue would do."""
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.parent.mkdir()
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
+    scontrol.chmod(0o755)
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent),
+            "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SLURM_JOB_ID": "777"}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stage", "name", "code", "said"),
+    [("test", "SIGTERM", 143, "SIGTERM: stopped test"), ("predict", "SIGUSR1", 138, "SIGUSR1: stopped predict"),
+     ("validate", "SIGUSR1", 138, "SIGUSR1: stopped validate")],
+)  # fmt: skip
+def test_a_signal_stops_validate_test_and_predict_in_one_line(
+    trained: Path, tmp_path: Path, stage: str, name: str, code: int, said: str
+) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalInEvaluation", f"--trainer.callbacks.stage={stage}",
+             "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
+             f"--trainer.callbacks.name={name}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "kiln", stage, *LIMIT, "--trainer.logger", "false", "--ckpt_path", str(trained)]
+    done = subprocess.run([*cmd, *probe], capture_output=True, text=True, env=_with_scontrol(tmp_path), timeout=300)
+    assert done.returncode == code, done.stderr[-2000:]  # before: killed by the default handler, no word said
+    assert said in done.stderr and "Traceback" not in done.stderr
+    requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
+    assert requeued == ("requeue 777\n" if name == "SIGUSR1" else "")
+
+
+@pytest.mark.slow
+def test_a_signal_during_the_test_after_fit_keeps_the_training_and_the_rerun_only_tests(tmp_path: Path) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalInEvaluation", "--trainer.callbacks.stage=test",
+             "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.logger", "false", "--run.root", str(tmp_path),
+           "--ckpt_path", "last", *probe]  # fmt: skip
+    env = _with_scontrol(tmp_path)
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert "the test after fit was stopped; training is complete" in first.stderr
+    (run_dir,) = (tmp_path / "digits").iterdir()
+    assert not (run_dir / "metrics.json").exists()
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "Epoch 0" not in second.stdout + second.stderr  # tested without training again
+    assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 10
+
+
+def test_a_resume_with_another_batch_size_neither_replays_nor_skips_samples(tmp_path: Path) -> None:
+    base = ["fit", *LIMIT, "--trainer.max_epochs", "1", "--trainer.logger", "false", "--run.test_after_fit", "false"]
+
+    def labels(run: str, batch_size: int, *extra: str) -> list[list[int]]:
+        record = ["--trainer.callbacks+=probes.RecordLabels", f"--trainer.callbacks.path={tmp_path / run}.jsonl"]
+        build_cli([*base, "--data.batch_size", str(batch_size), "--run.root", str(tmp_path / run), *record, *extra])
+        return [json.loads(line) for line in (tmp_path / f"{run}.jsonl").read_text().splitlines()]
+
+    every_2 = ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps=2",
+               "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.filename=mid-{step}"]  # fmt: skip
+    labels("first", 32, *every_2)  # 2 steps of 32: samples 0-63 of the epoch's order are trained on
+    (mid,) = (tmp_path / "first").glob("digits/*/checkpoints/mid-step=2.ckpt")
+    resumed = labels("resumed", 16, "--ckpt_path", str(mid))
+    reference = labels("reference", 16)  # the same order in batches of 16: samples 64-79 are its fifth batch
+    assert resumed[0] == reference[4]  # before, the position was 2 batches: samples 32-47 were trained on again

@@ -173,3 +173,15 @@ def test_dict_typed_init_arguments_run_and_are_saved(monkeypatch: pytest.MonkeyP
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["trainer"]["logger"]["init_args"]["config"] == {"team_note": 1}  # a dict, not a Namespace
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+
+
+def test_a_given_secret_is_used_when_the_checkpoint_holds_it_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    model = ["--model.class_path", "faulty.WithApiKey", "--model.init_args.api_key", "real-s3cr3t"]
+    fit = build_cli(["fit", *LIMIT, "--trainer.max_epochs", "1", "--trainer.logger", "false",
+                     "--run.test_after_fit", "false", *model])  # fmt: skip
+    ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["api_key"] == REDACTED
+    for subcommand in ("test", "predict"):  # Lightning would apply the checkpoint's (redacted) value over the given one
+        cli = build_cli([subcommand, *LIMIT, "--trainer.logger", "false", *model, "--ckpt_path", str(ckpt)])
+        assert cli.model.api_key == "real-s3cr3t"

@@ -103,6 +103,10 @@ class Preempted(Exception):
     """A stage stopped on SIGUSR1 (after saving a resumable checkpoint in ``fit``, and requeueing under SLURM)."""
 
 
+def _stage(trainer: Trainer) -> str:
+    return trainer.state.stage.value if trainer.state.stage else "evaluation"  # "test", not "RunningStage.TESTING"
+
+
 def _requeue(trainer: Trainer) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and trainer.is_global_zero and shutil.which("scontrol"):
@@ -150,8 +154,9 @@ class PreemptionCheckpoint(Callback):
         if trainer.state.fn == "fit" or stop_signals.received() != "SIGUSR1":
             return  # in fit, validation finishes and training stops at its next step
         _requeue(trainer)
-        rank_zero_info(f"SIGUSR1: stopped {trainer.state.stage} at batch {batch_idx}; nothing to save")
-        raise Preempted(f"SIGUSR1 during {trainer.state.stage}")
+        stage = _stage(trainer)
+        rank_zero_info(f"SIGUSR1: stopped {stage} at batch {batch_idx}; nothing to save")
+        raise Preempted(f"SIGUSR1 during {stage}")
 
     def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._stop_evaluation(trainer, args[1])
@@ -178,4 +183,4 @@ class PreemptionCheckpoint(Callback):
             self._cut_validation = trainer.validating and not trainer.sanity_checking
             self._save(trainer, "SIGTERM")
         else:
-            rank_zero_info(f"SIGTERM: stopped {trainer.state.stage}; nothing to save")
+            rank_zero_info(f"SIGTERM: stopped {_stage(trainer)}; nothing to save")
