@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_constant_labels_warn() -> None:
         ((torch.zeros(2, 1, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)), "dtype torch.uint8"),
         ((torch.zeros(2, 8, 8), torch.zeros(2, dtype=torch.long)), r"shape \(2, 8, 8\)"),
         ((torch.full((2, 1, 8, 8), float("nan")), torch.zeros(2, dtype=torch.long)), r"NaN/Inf in samples \[0, 1\]"),
-        ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"labels \[-1\] outside"),
+        ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"label -1 of sample 0 is outside \[0, 10\)"),
         ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "expected 1-D integers"),
     ],
 )
@@ -140,14 +141,17 @@ def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.
     monkeypatch.setenv("WANDB_MODE", "offline")
     main(["fit", *LIMIT])
     (run_dir,) = Path("runs/digits").iterdir()
-    grid, matrix = Image.open(run_dir / "batch_grid.png"), Image.open(run_dir / "confusion_matrix.png")
+    tested = [Path(result["checkpoint"]).stem for result in json.loads((run_dir / "metrics.json").read_text())["test"]]
+    matrices = sorted(p.name for p in run_dir.glob("confusion_matrix*.png"))  # one per tested checkpoint
+    assert matrices == sorted(f"confusion_matrix-{stem}.png" for stem in tested)
+    grid, matrix = Image.open(run_dir / "batch_grid.png"), Image.open(run_dir / matrices[-1])
     grid.verify()
     matrix.verify()
     assert grid.size == (8 * 64, 4 * (64 + 14))  # 32 of the 64 images, 8 columns of 64-pixel cells + labels
     assert matrix.size == (60 + 10 * 36, 60 + 10 * 36)  # margin + 10 classes of 36 pixels
     media = run_dir.glob("wandb/offline-run-*/files/media/images/**/*.png")
     names = sorted(p.name.rsplit("_", 2)[0] for p in media)
-    assert names == ["batch_grid", "confusion_matrix"]
+    assert names == ["batch_grid", *["confusion_matrix"] * len(tested)]
 
 
 def test_overfit_preset_reaches_loss_below_005() -> None:

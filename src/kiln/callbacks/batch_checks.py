@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from kiln.data.base import check_labels
 from kiln.errors import HealthCheckError
 
 
@@ -43,14 +44,8 @@ def check_batch(batch: Any, where: str, num_classes: int | None, in_channels: in
         raise HealthCheckError(
             f"{where}: labels have dtype {y.dtype} and shape {tuple(y.shape)}, expected 1-D integers"
         )
-    if num_classes is not None:
-        outside = ((y < 0) | (y >= num_classes)).nonzero().flatten()
-        if len(outside):
-            values = sorted(set(y[outside].tolist()))
-            raise HealthCheckError(
-                f"{where}: labels {values[:10]} outside the allowed range [0, {num_classes}) "
-                f"(num_classes={num_classes}) at positions {outside.tolist()[:10]}"
-            )
+    if num_classes is not None:  # the network's num_classes; ImageDataModule checks every batch against its own
+        check_labels(y, num_classes, where)
     warnings = []
     if len(y) > 1 and bool((y == y[0]).all()):
         warnings.append(f"{where}: all {len(y)} labels are {int(y[0])}: is the data sorted and not shuffled?")

@@ -111,7 +111,7 @@ class BatchGrid(Callback):
 
 
 class ConfusionMatrixReport(Callback):
-    """At test end: ``confusion_matrix.png`` in the run folder and the logger, and per-class accuracy printed.
+    """At test end: ``confusion_matrix-<checkpoint>.png`` in the run folder and the logger, per-class accuracy printed.
 
     Reads the module's ``test_confusion`` metric (a torchmetrics ``MulticlassConfusionMatrix``,
     synchronised across DDP ranks); modules without one are left alone.
@@ -131,15 +131,17 @@ class ConfusionMatrixReport(Callback):
             return
         names = class_names(trainer, len(self.matrix))
         image = confusion_image(self.matrix, names)
-        self.path = Path(trainer.default_root_dir) / "confusion_matrix.png"
+        # one file per tested checkpoint: the test after fit may score both the best and the last
+        weights = Path(trainer.ckpt_path).stem if trainer.ckpt_path else None
+        self.path = Path(trainer.default_root_dir) / f"confusion_matrix{f'-{weights}' if weights else ''}.png"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         image.save(self.path)
         log_image(trainer, "test/confusion_matrix", image)
-        self._print_table(self.matrix, names)
+        self._print_table(self.matrix, names, f" ({weights}.ckpt)" if weights else "")
 
     @staticmethod
-    def _print_table(matrix: Tensor, names: Sequence[str]) -> None:
-        table = Table(title="Per-class test accuracy", title_justify="left")
+    def _print_table(matrix: Tensor, names: Sequence[str], weights: str) -> None:
+        table = Table(title=f"Per-class test accuracy{weights}", title_justify="left")
         for column in ("class", "support", "correct", "accuracy"):
             table.add_column(column, justify="left" if column == "class" else "right")
         for i, name in enumerate(names):
