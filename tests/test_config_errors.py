@@ -63,7 +63,8 @@ def test_a_config_mistake_is_one_line_that_names_where_and_the_fix(
     with pytest.raises(SystemExit) as exit_:
         main(["fit", *args])
     assert exit_.value.code == 2
-    (printed,) = capsys.readouterr().err.splitlines()  # no usage, no nested alternatives
+    printed = capsys.readouterr().err
+    assert len(printed.splitlines()) == 1, printed  # no usage, no nested alternatives
     assert printed.startswith(f"error: {line}"), printed
     assert not Path("runs").exists()
 

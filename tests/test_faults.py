@@ -87,6 +87,13 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(capsys: pyte
     assert not list(Path("runs/digits").glob("*"))
 
 
+def test_a_failed_command_never_removes_an_earlier_commands_folder(capsys: pytest.CaptureFixture) -> None:
+    main(["test", *QUIET])  # a successful command whose folder holds no checkpoint (a notebook's earlier cell)
+    (tested,) = Path("runs/digits").iterdir()
+    assert exit_code(["fit", "--trainer.max_epoch", "1"]) == 2  # fails before it has a folder of its own
+    assert tested.is_dir() and "removed" not in capsys.readouterr().err
+
+
 def test_ckpt_path_last_on_a_corrupt_file_is_one_line(capsys: pytest.CaptureFixture) -> None:
     first = build_cli(["fit", *QUIET, "--ckpt_path", "last"])
     last = Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt"

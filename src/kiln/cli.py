@@ -104,6 +104,7 @@ class KilnCLI(LightningCLI):
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        runs.new_command()
         try:
             super().__init__(*args, **kwargs)
         except BaseException:

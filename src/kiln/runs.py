@@ -20,6 +20,12 @@ def _job_id() -> str | None:
     return None
 
 
+def new_command() -> None:
+    """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
+    global created
+    created = None
+
+
 def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> Path:
     """Pick this run's folder, the same one in every process of a multi-process launch.
 
