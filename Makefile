@@ -43,7 +43,7 @@ typecheck: ## Check types with mypy
 	$(UV) run --no-sync mypy
 
 bench: ## Benchmark the template against a raw PyTorch loop (benchmarks/README.md)
-	$(UV) run --no-sync python benchmarks/bench.py
+	$(UV) run --no-sync python benchmarks/bench.py --update-readme
 
 notebook: ## Start JupyterLab in notebooks/ with the project's environment as the kernel
 	$(UV) run --no-sync jupyter lab notebooks/

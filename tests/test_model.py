@@ -89,3 +89,22 @@ def test_warmup_cosine_schedule() -> None:
     assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))  # then only decays
     assert lrs[-1] < 0.01
     assert lrs[55] == pytest.approx(0.5, abs=0.02)  # cosine half-way point
+
+
+def test_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    from kiln.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--model.init_args.scheduler_interval", "epoch", "--trainer.logger", "false"])
+    assert exit_.value.code == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: model.scheduler_interval: epoch steps WarmupCosineLR")
+
+
+def test_a_model_built_in_python_trains_like_the_default_config() -> None:
+    models = [build_cli(run=False).model, ImageClassifier(net=SmallCNN(), num_classes=10)]
+    optimizers = [m.optimizer_factory([torch.nn.Parameter(torch.zeros(1))]) for m in models]
+    assert type(optimizers[0]) is type(optimizers[1]) and optimizers[0].defaults == optimizers[1].defaults
+    schedules = [m.scheduler_factory(o) for m, o in zip(models, optimizers, strict=True) if m.scheduler_factory]
+    settings = [(s.warmup_fraction, s.min_lr_ratio, s.total_steps) for s in schedules if isinstance(s, WarmupCosineLR)]
+    assert len(settings) == 2 and settings[0] == settings[1]

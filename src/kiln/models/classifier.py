@@ -13,13 +13,20 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from kiln.errors import ConfigError
 from kiln.models.schedules import WarmupCosineLR
 
 Batch = tuple[Tensor, Tensor]
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-2, fused=True)
+    """The default experiment's optimizer (configs/train.yaml), for a model built in Python."""
+    return torch.optim.AdamW(params, lr=3e-3, weight_decay=1e-2, fused=True)
+
+
+def _warmup_cosine(optimizer: torch.optim.Optimizer) -> WarmupCosineLR:
+    """The default experiment's schedule (configs/train.yaml), for a model built in Python."""
+    return WarmupCosineLR(optimizer, warmup_fraction=0.05)
 
 
 class ImageClassifier(LightningModule):
@@ -44,7 +51,7 @@ class ImageClassifier(LightningModule):
         net: nn.Module,
         num_classes: int,
         optimizer: OptimizerCallable = _adamw,
-        scheduler: LRSchedulerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = _warmup_cosine,
         scheduler_interval: Literal["step", "epoch"] = "step",
         label_smoothing: float = 0.0,
         compile: bool = False,
@@ -150,6 +157,12 @@ class ImageClassifier(LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
+        if isinstance(scheduler, WarmupCosineLR) and self.scheduler_interval != "step":
+            raise ConfigError(
+                "model.scheduler_interval: epoch steps WarmupCosineLR once per epoch, but its length is in optimizer "
+                "steps: the warm-up would span the whole run and the learning rate never decay. Use "
+                "scheduler_interval: step, or a per-epoch schedule (torch.optim.lr_scheduler.CosineAnnealingLR)"
+            )
         if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
             scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
