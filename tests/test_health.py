@@ -111,7 +111,7 @@ def test_check_batch_names_the_field(batch: tuple, match: str) -> None:
         check_batch(batch, "train batch 0", num_classes=10, in_channels=1)
 
 
-def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
+def test_gradient_spike_is_reported_once_at_its_step(tmp_path: Path) -> None:
     config = tmp_path / "spike.yaml"
     config.write_text(
         "model:\n  init_args:\n    net:\n      class_path: faulty.GradSpikeAtStep\n"
@@ -120,9 +120,9 @@ def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
     )
     cli = build_cli(["-c", str(config), "--trainer.logger", "false"], run=False)
     monitor = callback(cli, GradNormMonitor)
-    with pytest.warns(UserWarning, match="gradient norm spike at step 25"):
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert [step for step, _, _ in monitor.spikes] == [25]
+    assert (monitor.report() or "").startswith("gradient norm spikes (over 10x the running median) at 1 step: the")
     assert "grad/total_norm" in cli.trainer.callback_metrics
     assert any(k.startswith("grad/net.") for k in cli.trainer.callback_metrics)  # per-layer norms at step 0
 
@@ -130,11 +130,11 @@ def test_gradient_spike_is_warned_at_its_step(tmp_path: Path) -> None:
 def test_non_finite_norms_are_not_spikes_and_stay_out_of_the_running_median() -> None:
     monitor = GradNormMonitor(check_every_n_steps=1)
     norms = [1.0] * 12 + [float("nan"), float("inf")] + [1.0] * 5 + [50.0]  # NaN/Inf: NonFiniteGuard's steps
-    with pytest.warns(UserWarning, match="gradient norm spike at step 19"):
-        for step, norm in enumerate(norms):
-            monitor._pending.append(torch.tensor(norm))
-            monitor._check_spikes(step)
+    for step, norm in enumerate(norms):
+        monitor._pending.append(torch.tensor(norm))
+        monitor._check_spikes(step)
     assert [step for step, _, _ in monitor.spikes] == [19]
+    assert "the first at step 19, the largest 50x at step 19" in (monitor.report() or "")
 
 
 def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.MonkeyPatch) -> None:

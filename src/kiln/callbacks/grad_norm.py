@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import grad_norm, rank_zero_warn
+from lightning.pytorch.utilities import grad_norm, rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
+
+from kiln.logging_steps import writes_logs_after
 
 
 def optimizer_gradients(optimizer: Optimizer) -> list[Tensor]:
@@ -42,9 +44,10 @@ class GradNormMonitor(Callback):
     """Total gradient norm at every logging step, per-parameter norms every ``layer_every_n_steps``.
 
     The norm of every step is kept on the device for the spike check, which moves them to the host
-    once every ``check_every_n_steps``; Lightning reads logged tensors only when it writes logs. A step
-    whose norm exceeds ``spike_factor`` times the running median of earlier steps is warned about
-    (norms are measured before clipping, after AMP unscaling).
+    once every ``check_every_n_steps``; Lightning reads logged tensors only when it writes logs. Steps
+    whose norm exceeds ``spike_factor`` times the running median of earlier steps are counted and
+    reported in one line at the end of training (norms are measured before clipping, after AMP
+    unscaling): a healthy run has a few, and a line per spike buried the console.
 
     Args:
         layer_every_n_steps: Period of the per-parameter norms (0 turns them off).
@@ -73,7 +76,7 @@ class GradNormMonitor(Callback):
         if total is None:
             return
         step = trainer.global_step
-        if (step + 1) % getattr(trainer, "log_every_n_steps", 50) == 0:  # only steps Lightning writes
+        if writes_logs_after(trainer, step):
             pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)
         if self.layer_every_n_steps and step % self.layer_every_n_steps == 0:
             norms = grad_norm(pl_module, norm_type=2, group_separator="/")
@@ -86,6 +89,19 @@ class GradNormMonitor(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending:
             self._check_spikes(trainer.global_step - 1)
+        if self.report():
+            rank_zero_info(self.report())
+
+    def report(self) -> str | None:
+        """One line on this run's gradient-norm spikes, if any: how many, the first and the largest."""
+        if not self.spikes:
+            return None
+        first, largest = self.spikes[0], max(self.spikes, key=lambda s: s[1] / s[2])
+        return (
+            f"gradient norm spikes (over {self.spike_factor:g}x the running median) at {len(self.spikes)} "
+            f"step{'s' if len(self.spikes) > 1 else ''}: the first at step {first[0]}, the largest "
+            f"{largest[1] / largest[2]:.0f}x at step {largest[0]}; harmless if the loss recovered (grad/total_norm)"
+        )
 
     def _check_spikes(self, last_step: int) -> None:
         values = torch.stack(self._pending).float().cpu().tolist()  # the one host sync per period
@@ -98,10 +114,6 @@ class GradNormMonitor(Callback):
                 median = sorted(self._past)[len(self._past) // 2]
                 if value > self.spike_factor * median:
                     self.spikes.append((first_step + offset, value, median))
-                    rank_zero_warn(
-                        f"gradient norm spike at step {first_step + offset}: {value:.3g} is "
-                        f"{value / median:.0f}x the running median {median:.3g}"
-                    )
             self._past = [*self._past, value][-self.history :]
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from kiln.errors import ConfigError
+from kiln.logging_steps import writes_logs_after
 from kiln.models.schedules import WarmupCosineLR
 
 Batch = tuple[Tensor, Tensor]
@@ -115,9 +116,7 @@ class ImageClassifier(LightningModule):
         last_batch = batch_idx + 1 >= trainer.num_training_batches
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last_batch:
             return  # mid-accumulation: the optimizer step (and any write) comes with a later batch
-        every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
-        logging_step = (self.global_step + 1) % every == 0  # Lightning's own rule
-        if logging_step or getattr(trainer, "fast_dev_run", False) or last_batch:
+        if writes_logs_after(trainer, self.global_step) or last_batch:
             self.log("train/loss", self._loss_sum / self._loss_count, prog_bar=True)
             self._loss_sum, self._loss_count = None, 0
 

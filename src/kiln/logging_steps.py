@@ -1,0 +1,13 @@
+"""Which optimizer steps Lightning writes logs at: one rule for every place that logs per step."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Trainer
+
+
+def writes_logs_after(trainer: Trainer, step: int) -> bool:
+    """Whether Lightning writes logs at the end of optimizer step ``step`` (0-based): every
+    ``log_every_n_steps``-th step, and every step under ``fast_dev_run``. Logging only there keeps
+    ``self.log`` (~0.3 ms a call) off the other steps."""
+    every = getattr(trainer, "log_every_n_steps", 50)  # set by Lightning's logger connector
+    return (step + 1) % every == 0 or bool(getattr(trainer, "fast_dev_run", False))
