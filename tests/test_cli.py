@@ -55,6 +55,10 @@ def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console()
     assert f"wandb sync {run_dir}/wandb/offline-run-" in out
     last = [line for line in out.splitlines() if line.strip()][-1]
     assert last.startswith(f"W&B offline; upload with wandb sync {run_dir}/wandb/offline-run-"), out[-1500:]
+    # a quiet console: none of the noise Lightning and torch printed on every run
+    for noise in ("💡 Tip", "Trainer already configured", "`weights_only` was not set", "LeafSpec", "Total FLOPs: 0"):
+        assert noise not in out, noise
+    assert "Total FLOPs: 3.6 M" in out  # the summary's forward ran on an input of the data's shape
 
 
 def test_wandb_run_config_holds_resolved_config(monkeypatch: pytest.MonkeyPatch) -> None:

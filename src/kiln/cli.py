@@ -21,6 +21,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.config_errors import describe
+from kiln.console import quiet_lightning
 from kiln.errors import KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, resolve_run_dir, wandb_run_id
@@ -105,6 +106,7 @@ class KilnCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         runs.new_command()
+        quiet_lightning()
         try:
             super().__init__(*args, **kwargs)
         except BaseException:

@@ -57,7 +57,7 @@ class LastCheckpoint(Checkpoint):
     def save(self, trainer: Trainer) -> Path:
         """Write the current state to ``last.ckpt`` (all ranks call this; rank 0 writes)."""
         path = last_checkpoint_path(trainer.default_root_dir)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state (unset, Lightning says so every save)
         self._saved_step = trainer.global_step
         return path
 

@@ -135,7 +135,7 @@ class PreemptionCheckpoint(Callback):
             self.saved = owner.save(trainer)
         else:
             self.saved = last_checkpoint_path(trainer.default_root_dir)
-            trainer.save_checkpoint(self.saved)
+            trainer.save_checkpoint(self.saved, weights_only=False)
         where = " (in validation, which runs again on resume)" if self._cut_validation else ""
         rank_zero_info(
             f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "

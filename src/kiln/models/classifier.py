@@ -89,6 +89,18 @@ class ImageClassifier(LightningModule):
         self._loss_sum: Tensor | None = None
         self._loss_count = 0
 
+    def setup(self, stage: str) -> None:
+        # an input of the data's shape: the model summary then shows real FLOPs and in/out sizes
+        # (unless the net declares other channels: BatchSanityCheck then names the mismatch in one line)
+        data = getattr(self.trainer, "datamodule", None)
+        channels, size = getattr(data, "in_channels", None), getattr(data, "image_size", None)
+        if channels is None or size is None or getattr(self.net, "in_channels", channels) != channels:
+            return
+        if self.hparams.get("compile"):  # the summary's forward would compile the net for a batch of one
+            return
+        if self.example_input_array is None:
+            self.example_input_array = torch.zeros(1, channels, *size)
+
     def forward(self, x: Tensor) -> Tensor:
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
