@@ -11,7 +11,7 @@ ARGS ?=
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install train test test-gpu lint format typecheck notebook bench clean
+.PHONY: help install train test test-fast test-gpu lint format typecheck notebook bench clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,8 +25,11 @@ install: ## Install uv if missing, then the locked environment (.venv) and, in a
 train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)
 	$(UV) run --no-sync kiln fit $(PRESETS) $(ARGS)
 
-test: ## Run the test suite (GPU tests skip without CUDA)
+test: ## Run the whole test suite, as CI does (GPU tests skip without CUDA)
 	$(UV) run --no-sync pytest
+
+test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook
+	$(UV) run --no-sync pytest -m "not slow and not gpu" tests
 
 test-gpu: ## Run only the GPU tests (needs CUDA)
 	$(UV) run --no-sync pytest -m gpu

@@ -129,6 +129,7 @@ def test_ckpt_path_last_finds_the_newest_run_and_continues_in_its_folder(capsys:
     assert longer.trainer.global_step == 3 * 5 and longer.trainer.current_epoch == 3
 
 
+@pytest.mark.slow
 def test_a_finished_run_whose_test_never_completed_is_tested_not_retrained(capsys: pytest.CaptureFixture) -> None:
     args = ["fit", *LIMIT, "--trainer.logger", "false", "--ckpt_path", "last"]
     first = build_cli(args)

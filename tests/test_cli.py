@@ -36,6 +36,7 @@ def test_fit_fills_one_run_folder_and_prints_summary(
     assert os.environ["WANDB_MODE"] == "offline"
 
 
+@pytest.mark.slow
 def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console() -> None:
     # a real console: W&B prints its history as it closes, from its own process, on the same terminal
     env = {**os.environ, "WANDB_MODE": "offline"}
@@ -151,6 +152,7 @@ def test_module_entry_point_help_and_exit_code(tmp_path: Path) -> None:
     assert bad.returncode != 0 and "nope" in bad.stderr
 
 
+@pytest.mark.slow
 def test_help_imports_nothing_the_command_does_not_need() -> None:
     # a fresh interpreter: this test process has long imported W&B
     probe = "import sys; from kiln.cli import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"

@@ -78,6 +78,7 @@ def test_a_mistake_in_a_secret_never_echoes_it(capsys: pytest.CaptureFixture, mo
     assert printed.startswith("error: --model.init_args.api_keys: <redacted") and "s3cr3t" not in printed
 
 
+@pytest.mark.slow
 def test_the_real_command_prints_one_line_and_help_still_prints_usage(tmp_path: Path) -> None:
     Path("monitr.yaml").write_text(FILES["monitr.yaml"])
     env = {**os.environ, "WANDB_MODE": "offline"}

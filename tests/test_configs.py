@@ -102,6 +102,7 @@ def test_ddp_cpu_preset_runs_two_processes(tmp_path: Path) -> None:
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr + done.stdout
 
 
+@pytest.mark.slow
 def test_pytorch_profiler_preset_writes_a_trace_into_the_run_folder() -> None:
     main(["fit", "-c", str(CONFIGS / "debug" / "profiler_pytorch.yaml"), "--trainer.logger", "false"])
     (run_dir,) = Path("runs/digits").iterdir()

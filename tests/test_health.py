@@ -154,6 +154,7 @@ def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.
     assert names == ["batch_grid", *["confusion_matrix"] * len(tested)]
 
 
+@pytest.mark.slow
 def test_overfit_preset_reaches_loss_below_005() -> None:
     cli = build_cli(["fit", "-c", str(CONFIGS / "debug" / "overfit.yaml"), "--trainer.logger", "false"])
     report = callback(cli, OverfitReport)

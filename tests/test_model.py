@@ -26,6 +26,7 @@ class LossRecorder(Callback):
         self.losses.append(float(outputs["loss"]))
 
 
+@pytest.mark.slow
 def test_default_model_overfits_one_batch() -> None:
     cli = build_cli(["-c", str(CONFIGS / "debug" / "overfit.yaml"), "--trainer.logger", "false"], run=False)
     recorder = LossRecorder()

@@ -99,6 +99,7 @@ def test_per_sample_transforms_with_on_device_are_refused_naming_the_fix() -> No
         DigitsDataModule(on_device=True, train_transforms=[v2.RandomHorizontalFlip()])
 
 
+@pytest.mark.slow
 def test_on_device_training_reaches_the_dataloader_accuracy() -> None:
     from kiln.cli import build_cli
 

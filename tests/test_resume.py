@@ -228,6 +228,7 @@ def test_a_signal_during_the_test_after_fit_keeps_the_training_and_the_rerun_onl
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 10
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_batch_size_neither_replays_nor_skips_samples(tmp_path: Path) -> None:
     base = ["fit", *LIMIT, "--trainer.max_epochs", "1", "--trainer.logger", "false", "--run.test_after_fit", "false"]
 

@@ -175,6 +175,7 @@ def test_dict_typed_init_arguments_run_and_are_saved(monkeypatch: pytest.MonkeyP
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_a_given_secret_is_used_when_the_checkpoint_holds_it_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     model = ["--model.class_path", "faulty.WithApiKey", "--model.init_args.api_key", "real-s3cr3t"]
