@@ -182,3 +182,24 @@ def test_evaluation_subcommands_load_a_checkpoint(subcommand: str) -> None:
     # the same weights give the same validation loss as at the end of fit
     if subcommand == "validate":
         assert float(metrics["val/loss"]) == pytest.approx(float(fit.trainer.callback_metrics["val/loss"]), rel=1e-5)
+
+
+def test_paths_the_user_set_are_kept_and_said(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    mine = ["--trainer.logger", "CSVLogger", "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
+            "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={tmp_path / 'weights'}",
+            "--trainer.callbacks.filename=mine-{step}"]  # fmt: skip
+    main(["fit", *LIMIT, "--trainer.max_epochs", "1", "--run.test_after_fit", "false", *mine])
+    err = capsys.readouterr().err
+    assert f"trainer.logger.init_args.save_dir: keeping your '{tmp_path / 'logs'}'" in err
+    assert f"trainer.callbacks (ModelCheckpoint).init_args.dirpath: keeping your '{tmp_path / 'weights'}'" in err
+    assert (tmp_path / "logs" / "metrics.csv").is_file() and list((tmp_path / "weights").glob("mine-*.ckpt"))
+
+
+def test_a_users_wandb_subclass_is_treated_as_wandb_and_dropped_callbacks_are_said(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    cli = build_cli([*LIMIT, "--trainer.logger", "probes.TeamWandb"], run=False)
+    assert cli.trainer.logger._wandb_init["name"] == f"digits/{cli.run_dir.name}"  # type: ignore[union-attr]
+    build_cli([*LIMIT, "--trainer.logger", "false"], run=False)
+    assert "LearningRateMonitor: left out, as trainer.logger is false" in capsys.readouterr().err

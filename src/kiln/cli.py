@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentError, Namespace
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import runs, stop_signals
-from kiln.callbacks.last import finished_training, last_checkpoint_path
+from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
@@ -24,9 +26,9 @@ from kiln.config_errors import describe
 from kiln.console import quiet_lightning
 from kiln.errors import KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
-from kiln.runs import latest_checkpoint, resolve_run_dir, wandb_run_id
+from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
-from kiln.testing import METRICS_FILE, TestChoice, test_after_fit
+from kiln.testing import TestChoice, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -122,7 +124,7 @@ class KilnCLI(LightningCLI):
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
             command = next((a for a in given if a in self.subcommands()), None)
-            known = self._subcommand_parsers[command] if command else parser  # a LightningCLI attribute
+            known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
 
             def known_keys() -> list[str]:
                 return list(known.get_defaults().keys())
@@ -152,7 +154,7 @@ class KilnCLI(LightningCLI):
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
         """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
         why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
-        tested = (run_dir / METRICS_FILE).is_file()
+        tested = layout(run_dir).metrics.is_file()
         if why is None or (config.run.test_after_fit and not tested):
             return
         raise AlreadyFinished(
@@ -189,37 +191,50 @@ class KilnCLI(LightningCLI):
         sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
+        given_root = config.trainer.default_root_dir
+        if given_root not in (None, str(self.run_dir)):
+            print(f"trainer.default_root_dir: {given_root} replaced by the run folder {self.run_dir} (set run.root "
+                  "to choose where run folders go)", file=sys.stderr)  # fmt: skip
         config.trainer.default_root_dir = str(self.run_dir)
-        for stale in remove_stale_temporaries(last_checkpoint_path(self.run_dir).parent):
+        for stale in remove_stale_temporaries(layout(self.run_dir).checkpoints):
             print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
         if notice := _fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
         for logger in _class_nodes(config.trainer.logger):
-            logger.init_args.save_dir = str(self.run_dir)
-            if logger.class_path.rsplit(".", 1)[-1] in ("Wandb", "WandbLogger"):  # kiln's or Lightning's
+            _fill("trainer.logger", logger.init_args, "save_dir", str(self.run_dir), unset=(None, "", "."))
+            if _is_a(logger, WandbLogger):  # kiln's, Lightning's or a user's subclass
                 if notice := ensure_wandb_mode():
                     print(notice, file=sys.stderr)
                 if logger.init_args.get("mode") is None:  # per run: W&B reads the variable once per process
                     logger.init_args.mode = os.environ.get("WANDB_MODE")
-                if logger.init_args.get("name") is None:
-                    logger.init_args.name = f"{config.run.name}/{self.run_dir.name}"
+                _fill("trainer.logger", logger.init_args, "name", f"{config.run.name}/{self.run_dir.name}")
                 if self.resume_dir is not None and logger.init_args.get("id") is None:
                     logger.init_args.id = wandb_run_id(self.run_dir)  # the resumed run continues its W&B run
                     logger.init_args.resume = "allow"
             else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
-                logger.init_args.name = ""
-                logger.init_args.version = ""
+                _fill("trainer.logger", logger.init_args, "name", "", unset=(None, "", "lightning_logs"))
+                _fill("trainer.logger", logger.init_args, "version", "", unset=(None, ""))
         for profiler in _class_nodes(config.trainer.profiler):  # reports and traces go into the run folder too
-            profiler.init_args.dirpath = str(self.run_dir)
+            _fill("trainer.profiler", profiler.init_args, "dirpath", str(self.run_dir))
         callbacks = list(_class_nodes(config.trainer.callbacks))
         for callback in callbacks:
-            if _is_a(callback, "ModelCheckpoint"):  # a user's subclass too
-                callback.init_args.dirpath = str(self.run_dir / "checkpoints")
+            if _is_a(callback, ModelCheckpoint):  # a user's subclass too
+                owner = f"trainer.callbacks ({callback.class_path.rsplit('.', 1)[-1]})"
+                _fill(owner, callback.init_args, "dirpath", str(layout(self.run_dir).checkpoints))
         # callbacks the Trainer flags turn off: Lightning would refuse to start with them listed
-        dropped = {"LearningRateMonitor": not config.trainer.logger}
-        dropped["ProgressBar"] = config.trainer.enable_progress_bar is False
-        dropped["ModelSummary"] = config.trainer.enable_model_summary is False
-        config.trainer.callbacks = [c for c in callbacks if not any(dropped[k] and _is_a(c, k) for k in dropped)]
+        flags: dict[type, tuple[bool, str]] = {
+            LearningRateMonitor: (not config.trainer.logger, "trainer.logger is false"),
+            ProgressBar: (config.trainer.enable_progress_bar is False, "trainer.enable_progress_bar is false"),
+            ModelSummary: (config.trainer.enable_model_summary is False, "trainer.enable_model_summary is false"),
+        }
+        kept = []
+        for callback in callbacks:
+            why = next((why for base, (off, why) in flags.items() if off and _is_a(callback, base)), None)
+            if why is None:
+                kept.append(callback)
+            else:
+                print(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}", file=sys.stderr)
+        config.trainer.callbacks = kept
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
@@ -236,18 +251,25 @@ class KilnCLI(LightningCLI):
             raise
 
 
-def _is_a(callback: Namespace, base: str) -> bool:
-    """Whether the callback's class is, or derives from, Lightning's callback class named ``base``."""
+def _is_a(node: Namespace, base: type) -> bool:
+    """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
     import importlib
 
-    from lightning.pytorch import callbacks
-
-    module, _, name = callback.class_path.rpartition(".")
+    module, _, name = node.class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return False
-    return isinstance(cls, type) and issubclass(cls, getattr(callbacks, base))
+    return isinstance(cls, type) and issubclass(cls, base)
+
+
+def _fill(owner: str, init_args: Namespace, name: str, value: Any, unset: tuple[Any, ...] = (None,)) -> None:
+    """Give ``name`` the run's ``value`` where the user left it unset; a value the user set is kept, and said."""
+    given = init_args.get(name)
+    if given in unset or given == value:
+        init_args[name] = value
+    else:
+        print(f"{owner}.init_args.{name}: keeping your {given!r} (the run folder's is {value!r})", file=sys.stderr)
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:

@@ -4,10 +4,45 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 RUN_DIR_ENV = "KILN_RUN_DIR"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a run keeps what it writes: the one place that knows the folder's layout."""
+
+    root: Path
+    CHECKPOINTS = "checkpoints"
+    LAST = "last.ckpt"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    @property
+    def last(self) -> Path:
+        """The newest training state (``LastCheckpoint``), what ``--ckpt_path last`` resumes."""
+        return self.checkpoints / self.LAST
+
+    @property
+    def metrics(self) -> Path:
+        """The test after fit's results; its presence marks a tested run."""
+        return self.root / "metrics.json"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+
+def layout(run_dir: str | Path) -> RunLayout:
+    """The layout of the run folder ``run_dir`` (a Trainer's ``default_root_dir``)."""
+    return RunLayout(Path(run_dir))
+
+
 created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
 
 
@@ -69,7 +104,7 @@ def remove_failed_run() -> Path | None:
     It would hold only ``config.yaml`` and logger files of a run that trained nothing, which a
     later ``--ckpt_path last`` steps around without a word. Returns the folder removed.
     """
-    if created is None or not created.is_dir() or any(created.glob("checkpoints/*.ckpt")):
+    if created is None or not created.is_dir() or any(layout(created).checkpoints.glob("*.ckpt")):
         return None
     shutil.rmtree(created, ignore_errors=True)
     return created
@@ -83,12 +118,12 @@ def latest_checkpoint(root: str | Path, name: str) -> Path | None:
     """
     runs = Path(root).resolve() / name
     job = _job_id()
-    pattern = f"{job}/checkpoints" if job is not None else "*/checkpoints"
-    found = [*runs.glob(f"{pattern}/last.ckpt"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
+    pattern = f"{job or '*'}/{RunLayout.CHECKPOINTS}"
+    found = [*runs.glob(f"{pattern}/{RunLayout.LAST}"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def wandb_run_id(run_dir: Path) -> str | None:
     """The id of the W&B run logged in ``run_dir`` (its ``wandb/latest-run`` points at ``…-<id>``)."""
-    latest = run_dir / "wandb" / "latest-run"
+    latest = layout(run_dir).wandb / "latest-run"
     return latest.resolve().name.rsplit("-", 1)[-1] if latest.exists() else None

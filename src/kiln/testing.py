@@ -10,12 +10,11 @@ from typing import Any, Literal
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
-from kiln.callbacks.last import last_checkpoint_path
 from kiln.checkpointing import load_checkpoint_file
+from kiln.runs import layout
 from kiln.wandb_mode import finish_wandb
 
 TestChoice = Literal["best", "last", "both"]
-METRICS_FILE = "metrics.json"
 
 
 @dataclass
@@ -35,7 +34,7 @@ def _step(path: str) -> int | None:
 def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str, str | None, int | None]]:
     """``(label, file, step)``: the best and/or the last checkpoint; one entry when both hold the same step."""
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
-    last_file = last_checkpoint_path(trainer.default_root_dir)
+    last_file = layout(trainer.default_root_dir).last
     last = str(last_file) if last_file.is_file() else None
     if best is None and last is None:
         return [("final weights", None, trainer.global_step)]
@@ -73,6 +72,7 @@ def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) ->
     """``metrics.json``: test metrics per checkpoint, epochs and steps trained; its presence marks a tested run."""
     data: dict[str, Any] = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
     data["test"] = [asdict(result) for result in results]
-    temporary = run_dir / f".{METRICS_FILE}.tmp"
+    metrics = layout(run_dir).metrics
+    temporary = metrics.with_name(f".{metrics.name}.tmp")
     temporary.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temporary, run_dir / METRICS_FILE)
+    os.replace(temporary, metrics)

@@ -9,12 +9,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
-LAST = "last.ckpt"
-
-
-def last_checkpoint_path(run_dir: str | Path) -> Path:
-    """Where a run keeps its newest state."""
-    return Path(run_dir) / "checkpoints" / LAST
+from kiln.runs import layout
 
 
 def _limit(value: int | None) -> float:
@@ -56,7 +51,7 @@ class LastCheckpoint(Checkpoint):
 
     def save(self, trainer: Trainer) -> Path:
         """Write the current state to ``last.ckpt`` (all ranks call this; rank 0 writes)."""
-        path = last_checkpoint_path(trainer.default_root_dir)
+        path = layout(trainer.default_root_dir).last
         trainer.save_checkpoint(path, weights_only=False)  # the full state (unset, Lightning says so every save)
         self._saved_step = trainer.global_step
         return path

@@ -17,7 +17,8 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import stop_signals
-from kiln.callbacks.last import LastCheckpoint, last_checkpoint_path
+from kiln.callbacks.last import LastCheckpoint
+from kiln.runs import layout
 
 
 def capture_rng() -> dict[str, Any]:
@@ -134,7 +135,7 @@ class PreemptionCheckpoint(Callback):
         if owner is not None:
             self.saved = owner.save(trainer)
         else:
-            self.saved = last_checkpoint_path(trainer.default_root_dir)
+            self.saved = layout(trainer.default_root_dir).last
             trainer.save_checkpoint(self.saved, weights_only=False)
         where = " (in validation, which runs again on resume)" if self._cut_validation else ""
         rank_zero_info(
