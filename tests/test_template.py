@@ -23,9 +23,11 @@ def git(cwd: Path, *args: str) -> str:
 
 
 def snapshot(dest: Path) -> Path:
-    """This working tree's files (tracked and not ignored, as they are now) as a fresh one-commit git repo."""
-    listed = git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard", "-z").split("\0")
-    for name in filter(None, listed):
+    """This working tree as a fresh one-commit git repo: tracked files as they are now, and untracked (not
+    ignored) files inside folders; an untracked file at the top level is a user's scratch file, not template."""
+    tracked = git(ROOT, "ls-files", "--cached", "-z").split("\0")
+    untracked = git(ROOT, "ls-files", "--others", "--exclude-standard", "-z").split("\0")
+    for name in filter(None, [*tracked, *(n for n in untracked if "/" in n)]):
         source, target = ROOT / name, dest / name
         if not source.exists() and not source.is_symlink():
             continue  # deleted in the working tree
@@ -51,6 +53,7 @@ def project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_top_level_entry_is_linked_or_template_only(template: Path) -> None:
+    """Each tracked top-level file or folder reaches generated projects through the link folder."""
     linked = {p.name for p in (template / LINK_DIR).iterdir()}
     assert all((template / LINK_DIR / name).is_symlink() for name in linked)
     top = {p.name for p in template.iterdir()} - {".git"}
