@@ -21,6 +21,7 @@ install: ## Install uv if missing, then the locked environment (.venv) and, in a
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
 	$(UV) sync --locked --compile-bytecode  # precompiled .pyc: start-up without recompiling torch and lightning
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
+	@echo "ready: make train, make test-fast; the CLI is .venv/bin/kiln (or \`source .venv/bin/activate\`, then kiln)"
 
 train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)
 	$(UV) run --no-sync kiln fit $(PRESETS) $(ARGS)
