@@ -63,15 +63,11 @@ def restore_unlinked_entries() -> None:
             shutil.copy2(source, entry)
 
 
-def check_names() -> None:
-    if not (PACKAGE.isidentifier() and PACKAGE.islower()):
-        fail(f"package_name {PACKAGE!r} must be a lowercase Python identifier, e.g. 'my_project'")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", SLUG):
-        fail(f"project_slug {SLUG!r} must be lowercase letters, digits and '-', e.g. 'my-project'")
-
-
 def rewrite(path: Path) -> None:
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:  # a binary file without a suffix (a cache copied from a working tree): no names in it
+        return
     if path.name in ("pyproject.toml", "uv.lock"):  # the distribution's name
         text = re.sub(rf'^name = "{OLD}"$', f'name = "{SLUG}"', text, flags=re.MULTILINE)
     if path.name == "pyproject.toml":
@@ -87,7 +83,6 @@ def rewrite(path: Path) -> None:
 
 
 def main() -> None:
-    check_names()
     restore_unlinked_entries()
     Path("gitignore").rename(".gitignore")
     for leftover in [*Path(".").rglob("__pycache__"), *map(Path, TEMPLATE_ONLY)]:

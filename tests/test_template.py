@@ -131,3 +131,28 @@ def test_cruft_update_brings_template_changes_and_keeps_user_edits(template: Pat
     updated = (project / "src" / "retina_scan" / "nets" / "cnn.py").read_text()
     assert 'FEATURE = "from retina_scan, later"' in updated  # arrived, renamed like the rest
     assert "max_epochs: 12" in config.read_text()  # the user's edit survived
+
+
+@pytest.mark.parametrize(
+    ("project_name", "folder", "package"),
+    [("Über Net 2", "uber-net-2", "uber_net_2"), ("2 Fast", "2-fast", "p2_fast"),
+     ("Retina.Scan", "retina-scan", "retina_scan")],
+)  # fmt: skip
+def test_any_project_name_gives_a_valid_folder_and_package(
+    template: Path, tmp_path: Path, project_name: str, folder: str, package: str
+) -> None:
+    from cookiecutter.main import cookiecutter
+
+    made = Path(cookiecutter(str(template), no_input=True, extra_context={"project_name": project_name},
+                             output_dir=str(tmp_path)))  # fmt: skip
+    assert made.name == folder and (made / "src" / package / "__init__.py").is_file()
+    assert f'name = "{folder}"' in (made / "pyproject.toml").read_text()
+
+
+def test_a_typed_package_name_that_cannot_work_is_refused_before_generation(template: Path, tmp_path: Path) -> None:
+    answers = ["project_name=X", "package_name=My-Pkg"]
+    cmd = [sys.executable, "-m", "cookiecutter", str(template), "--no-input", "-o", str(tmp_path), *answers]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "error: package_name 'My-Pkg' must be a lowercase ASCII Python identifier" in done.stderr + done.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing generated
