@@ -33,14 +33,14 @@ def exit_code(args: list[str]) -> int | str | None:
     return exit_info.value.code
 
 
-@pytest.mark.parametrize("defer", ["false", "true"], ids=["immediate", "deferred_on_device"])
-def test_a_skipped_step_leaves_batchnorm_statistics_as_before_it(tmp_path: Path, defer: str) -> None:
+@pytest.mark.parametrize("mode", ["host", "device"], ids=["immediate", "deferred_on_device"])
+def test_a_skipped_step_leaves_batchnorm_statistics_as_before_it(tmp_path: Path, mode: str) -> None:
     net = tmp_path / "nan_input.yaml"
     net.write_text(
         "model:\n  init_args:\n    net:\n      class_path: faulty.NaNInputAtStep\n"
         "      init_args: {step: 3, in_channels: 1, num_classes: 10}\n"
     )
-    skip = ["-c", str(CONFIGS / "callbacks" / "skip_nonfinite.yaml"), "--non_finite.defer", defer]
+    skip = ["-c", str(CONFIGS / "callbacks" / "skip_nonfinite.yaml"), "--non_finite.mode", mode]
     cli = build_cli(["fit", *LIMIT, "--trainer.logger", "false", "-c", str(net), *skip])
     assert cli.test_metrics is not None and math.isfinite(cli.test_metrics["test/loss"])  # NaN statistics: NaN
     checkpoints = list((Path(cli.trainer.default_root_dir) / "checkpoints").glob("*.ckpt"))

@@ -91,10 +91,11 @@ class WandbConfigSaver(SaveConfigCallback):
 
         path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, skip_check=True)
+        self.parser.save(self.config, str(path), skip_unset=False, overwrite=True, skip_validation=True)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                config = json.loads(self.parser.dump(self.config, skip_none=False, format="json", skip_check=True))
+                dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
+                config = json.loads(dumped)
                 logger.experiment.config.update({"cli": config}, allow_val_change=True)
 
 

@@ -43,8 +43,9 @@ class NonFiniteGuard(Callback):
     Args:
         action: ``stop`` at the first non-finite step, ``skip`` it, or ``off``.
         max_skips: With ``skip``: the number of skipped steps tolerated before stopping.
-        defer: Deferred checking: ``None`` on CUDA with a fused optimizer, ``True`` wherever the
-            optimizer is fused (``fused: true`` in its init_args), ``False`` never.
+        mode: Where the verdict is read: ``auto`` defers it on CUDA with a fused optimizer,
+            ``device`` defers it wherever the optimizer is fused (``fused: true`` in its init_args;
+            refused otherwise), ``host`` reads it every step (immediate).
         check_every_n_steps: With deferred checking: how often the host reads the verdicts.
     """
 
@@ -52,12 +53,12 @@ class NonFiniteGuard(Callback):
         self,
         action: Literal["stop", "skip", "off"] = "stop",
         max_skips: int = 10,
-        defer: bool | None = None,
+        mode: Literal["auto", "device", "host"] = "auto",
         check_every_n_steps: int = 50,
     ) -> None:
         self.action = action
         self.max_skips = max_skips
-        self.defer = defer
+        self.mode = mode
         self.check_every_n_steps = check_every_n_steps
         self.skipped = 0
         self._loss: Tensor | None = None
@@ -65,6 +66,7 @@ class NonFiniteGuard(Callback):
         self._first_step = self._first_loss = torch.zeros(())  # deferred: the first since the last read
         self._read_at = -1  # deferred: the step of the last read
         self._logged = 0  # deferred: the count last logged
+        self._stop: str | None = None  # deferred: why the run stops, found while a checkpoint was written
         self._optimizers: list[Optimizer] = []
         self._buffers: list[tuple[Tensor, Tensor]] = []  # skip: (buffer, its value at the window start)
         self._trainer: Trainer | None = None
@@ -114,16 +116,16 @@ class NonFiniteGuard(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         unfused = [type(o).__name__ for o in trainer.optimizers if not _is_fused(o)]
-        if self.defer and self.action != "off" and unfused:
+        if self.mode == "device" and self.action != "off" and unfused:
             raise ConfigError(
-                f"non_finite.defer=true needs a fused optimizer, and {unfused[0]} is not: set fused: true in "
-                "the optimizer's init_args (AdamW, Adam, SGD and Adagrad have one), or non_finite.defer: null"
+                f"non_finite.mode=device needs a fused optimizer, and {unfused[0]} is not: set fused: true in "
+                "the optimizer's init_args (AdamW, Adam, SGD and Adagrad have one), or non_finite.mode: auto"
             )
 
     def _deferred(self, pl_module: LightningModule, optimizer: Optimizer) -> bool:
-        if self.defer is False or not _is_fused(optimizer):
+        if self.mode == "host" or not _is_fused(optimizer):
             return False
-        return bool(self.defer) or pl_module.device.type == "cuda"
+        return self.mode == "device" or pl_module.device.type == "cuda"
 
     def _mark_on_device(self, trainer: Trainer, optimizer: Optimizer, total: Tensor) -> None:
         """Hand the verdict to the fused step and keep count, all on the device: no host sync."""
@@ -147,6 +149,8 @@ class NonFiniteGuard(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
+        if self._stop is not None:
+            self._read_verdicts()  # a stop found while a checkpoint was being written
         if self._bad is None or step % self.check_every_n_steps or step == self._read_at:
             return
         self._read_verdicts()
@@ -157,8 +161,11 @@ class NonFiniteGuard(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._read_verdicts()
 
-    def _read_verdicts(self) -> None:
-        """Deferred checking: move the count to the host (one sync) and act on new non-finite steps."""
+    def _read_verdicts(self, stop_now: bool = True) -> None:
+        """Deferred checking: move the count to the host (one sync) and act on new non-finite steps;
+        with ``stop_now=False`` (inside a checkpoint's ``state_dict``) a stop is kept for the next call."""
+        if self._stop is not None and stop_now:
+            raise HealthCheckError(self._stop)
         if self._bad is None:
             return
         count = int(self._bad)
@@ -174,12 +181,14 @@ class NonFiniteGuard(Callback):
             f"non-finite training step {step} (loss={loss}): the fused optimizer skipped it on the device, so "
             f"the weights never took it; found at step {self._read_at} (read every {self.check_every_n_steps} "
             f"steps), {new} non-finite step(s) since the last read. Try a lower learning rate, gradient "
-            "clipping, `--non_finite.defer false` to stop at the step itself and name the parameter, or "
+            "clipping, `--non_finite.mode host` to stop at the step itself and name the parameter, or "
             "`-c configs/debug/anomaly.yaml` to find the operation that produced it"
         )
         if self.action == "skip":
             message += f"; more than max_skips={self.max_skips} steps were skipped"
-        raise HealthCheckError(message)
+        self._stop = message
+        if stop_now:
+            raise HealthCheckError(message)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for optimizer in self._optimizers:  # leave the optimizer as it was given
@@ -205,8 +214,15 @@ class NonFiniteGuard(Callback):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        self._read_verdicts()  # every checkpoint: a pending non-finite step stops (or counts) first
+        self._read_verdicts(stop_now=False)  # the count a checkpoint holds is current; a stop waits for a hook
         return {"skipped": self.skipped}
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read_verdicts()  # runs before the checkpoint callbacks' epoch-end saves (Lightning orders them last)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._read_verdicts()  # before ModelCheckpoint's save at validation end
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = state_dict["skipped"]
