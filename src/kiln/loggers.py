@@ -11,7 +11,7 @@ class Wandb(WandbLogger):
     """Lightning's ``WandbLogger`` with the common ``wandb.init`` arguments spelled out.
 
     Why not Lightning's class directly: to read its signature, jsonargparse imports ``wandb`` (the
-    module's ``TYPE_CHECKING`` block), half a second on every ``kiln --help``; here ``wandb`` loads
+    module's ``TYPE_CHECKING`` block) on every ``kiln --help`` (benchmarks/README.md); here ``wandb`` loads
     only when the run starts. Lightning also always passes W&B's deprecated ``anonymous`` setting,
     which makes W&B print a warning on every run; this class does not. For a ``wandb.init``
     argument not listed here, use ``lightning.pytorch.loggers.WandbLogger`` (the CLI treats both

@@ -14,9 +14,9 @@ class ProgressBar(RichProgressBar):
     """The bar advances every batch; its metrics are read at most ``refresh_rate`` times a second.
 
     ``RichProgressBar`` turns every progress-bar metric into a Python float after every batch:
-    a device sync per step on GPU, ~0.1 ms per step on CPU, for a display redrawn a few times a
-    second. Here a batch reuses the metrics read less than ``1 / refresh_rate`` s earlier, and
-    every epoch and evaluation end reads them afresh.
+    a device sync per step on GPU, a cost per step on CPU too (benchmarks/README.md), for a
+    display redrawn a few times a second. Here a batch reuses the metrics read less than
+    ``1 / refresh_rate`` s earlier, and every epoch and evaluation end reads them afresh.
 
     Args:
         refresh_rate: Redraws (and metric reads) per second; 0 hides the bar.

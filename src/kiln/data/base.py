@@ -74,7 +74,7 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         if self.transform is None:
             return x
         generator = torch.default_generator  # what the transforms draw from; put back afterwards
-        state = generator.get_state() if epoch is not None else None  # (fork_rng + manual_seed: ~100x more)
+        state = generator.get_state() if epoch is not None else None  # (cheaper than fork_rng + manual_seed)
         if epoch is not None:
             generator.manual_seed(augmentation_seed(self.seed, epoch, first))
         try:
