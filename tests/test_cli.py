@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
@@ -203,3 +204,12 @@ def test_a_users_wandb_subclass_is_treated_as_wandb_and_dropped_callbacks_are_sa
     assert cli.trainer.logger._wandb_init["name"] == f"digits/{cli.run_dir.name}"  # type: ignore[union-attr]
     build_cli([*LIMIT, "--trainer.logger", "false"], run=False)
     assert "LearningRateMonitor: left out, as trainer.logger is false" in capsys.readouterr().err
+
+
+def test_cpu_threads_sets_torchs_intra_op_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        build_cli([*LIMIT, "--run.cpu_threads", "1", "--trainer.logger", "false"], run=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from jsonargparse import ArgumentError, Namespace
+from jsonargparse.typing import PositiveInt
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
@@ -45,12 +47,16 @@ class RunOptions:
         test_after_fit: Test once ``fit`` ends, write ``metrics.json`` and print a summary.
         test_ckpt: What the test after fit scores: the ``best`` checkpoint (lowest ``val/loss`` by
             default), the ``last`` one (the final weights), or ``both`` (each once, when they differ).
+        cpu_threads: torch's intra-op CPU threads (``None``: torch's default, one per core). Fewer
+            are often faster for small models on a shared machine; the count changes the order of
+            floating-point sums, so bitwise-repeatable CPU runs need the same count.
     """
 
     name: str = "default"
     root: str = "runs"
     test_after_fit: bool = True
     test_ckpt: TestChoice = "both"
+    cpu_threads: PositiveInt | None = None
 
 
 class AlreadyFinished(Exception):
@@ -201,6 +207,8 @@ class KilnCLI(LightningCLI):
             print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
         if notice := _fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
+        if config.run.cpu_threads is not None:
+            torch.set_num_threads(config.run.cpu_threads)
         for logger in _class_nodes(config.trainer.logger):
             _fill("trainer.logger", logger.init_args, "save_dir", str(self.run_dir), unset=(None, "", "."))
             if _is_a(logger, WandbLogger):  # kiln's, Lightning's or a user's subclass
