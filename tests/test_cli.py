@@ -213,3 +213,20 @@ def test_cpu_threads_sets_torchs_intra_op_threads() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_configs_are_found_in_a_wheel_and_in_a_checkout_and_missing_is_one_error(tmp_path: Path) -> None:
+    from kiln.cli import config_dir
+    from kiln.errors import ConfigError
+
+    wheel = tmp_path / "site-packages" / "kiln"  # hatch's force-include puts configs/ inside the package
+    (wheel / "configs").mkdir(parents=True)
+    (wheel / "configs" / "train.yaml").write_text("{}")
+    assert config_dir(wheel) == wheel / "configs"
+    checkout = tmp_path / "project" / "src" / "kiln"  # an editable install or a generated project
+    checkout.mkdir(parents=True)
+    (tmp_path / "project" / "configs").mkdir()
+    (tmp_path / "project" / "configs" / "train.yaml").write_text("{}")
+    assert config_dir(checkout) == tmp_path / "project" / "configs"
+    with pytest.raises(ConfigError, match=r"no default config: neither .* nor .*; reinstall the package"):
+        config_dir(tmp_path / "elsewhere" / "lib" / "kiln")

@@ -26,15 +26,26 @@ from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.config_errors import describe
 from kiln.console import quiet_lightning
-from kiln.errors import KilnError, UsageError
+from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.testing import TestChoice, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-DEFAULT_CONFIG = CONFIG_DIR / "train.yaml"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def config_dir(package: Path = PACKAGE_DIR) -> Path:
+    """``configs/``: inside the package when installed from a wheel (``kiln/configs``), else the
+    checkout's (an editable install or a generated project). Missing: one line, never no defaults."""
+    for candidate in (package / "configs", package.parents[1] / "configs"):
+        if (candidate / "train.yaml").is_file():
+            return candidate
+    raise ConfigError(
+        f"no default config: neither {package / 'configs' / 'train.yaml'} nor "
+        f"{package.parents[1] / 'configs' / 'train.yaml'} exists; reinstall the package, or run from the project"
+    )
 
 
 @dataclass
@@ -291,7 +302,7 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
         "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
         "exit_on_error": False,  # parse errors become one line (kiln.config_errors), not usage plus nested errors
     }
-    defaults = {**top, "default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []}
+    defaults = {**top, "default_config_files": [str(config_dir() / "train.yaml")]}
     return KilnCLI(
         model_class=None,
         datamodule_class=None,
