@@ -3,6 +3,8 @@
 SHELL := /bin/bash
 
 UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
+# the uv that writes uv.lock (pyproject.toml's required-version), so one `uv add` changes only its own lines
+UV_VERSION := 0.13.9
 EXP ?=
 TRAINER ?=
 LOGGER ?=
@@ -18,7 +20,7 @@ help: ## Show this list of targets
 	@echo "  train variables: EXP=<configs/experiment/*> TRAINER=<configs/trainer/*> LOGGER=<configs/logger/*> DEBUG=<configs/debug/*> ARGS='--key value ...'"
 
 install: ## Install uv if missing, then the locked environment (.venv) and, in a git repo, the pre-commit hooks
-	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
+	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv==$(UV_VERSION) 2>/dev/null || python3 -m pip install --quiet uv==$(UV_VERSION)
 	$(UV) sync --locked --compile-bytecode  # precompiled .pyc: start-up without recompiling torch and lightning
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
 	@echo "ready: make train, make test-fast; the CLI is .venv/bin/kiln (or \`source .venv/bin/activate\`, then kiln)"

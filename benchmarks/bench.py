@@ -65,14 +65,13 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     device = torch.device("cuda" if workload == "cifar_gpu" and not small else "cpu")
     fast = kind == "raw_fast"  # bf16 autocast + channels_last + torch.compile
     if workload == "default":
-        from sklearn.datasets import load_digits
         from torchvision.transforms import v2
 
+        from kiln.data.digits import load_digits
         from kiln.nets import SmallCNN
 
-        digits = load_digits()
-        images = (torch.from_numpy(digits.images).float().div(16).unsqueeze(1) - 0.3053) / 0.3760
-        labels = torch.from_numpy(digits.target).long()
+        images, labels = load_digits()
+        images = (images.float().div(16).unsqueeze(1) - 0.3053) / 0.3760
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
         train, val = order[:1258], order[1258:1438]
         augment = v2.RandomAffine(degrees=10, translate=(0.125, 0.125))
