@@ -41,7 +41,7 @@ WORKLOADS: dict[str, tuple[list[str], int]] = {
 FAST = ["--trainer.precision", "bf16-mixed", "--model.init_args.compile", "true",
         "--model.init_args.channels_last", "true"]  # fmt: skip
 # kinds measured per workload: raw loop, template; on GPU also the optimised raw loop and the on-device data path
-KINDS = {"default": ["raw", "template"], "resnet": ["raw", "template"],
+KINDS = {"default": ["raw", "raw_batched", "template"], "resnet": ["raw", "template"],
          "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device"]}  # fmt: skip
 
 
@@ -85,6 +85,12 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
 
         train_set: TensorDataset = Augmented(images[train], labels[train])
         val_set = TensorDataset(images[val], labels[val])
+        if kind == "raw_batched":  # the template's batches: whole-batch fetch, seeded augmentation, its split
+            from kiln.data import DigitsDataModule
+
+            data = DigitsDataModule(batch_size=batch_size, num_workers=0)
+            data.setup("fit")
+            train_set, val_set = data.train_set, data.val_set  # type: ignore[assignment]
     else:
         from kiln.nets import ResNet
 
@@ -98,6 +104,8 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     options = {"num_workers": workers, "pin_memory": device.type == "cuda", "persistent_workers": workers > 0}
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, **options)  # type: ignore[arg-type]
     val_loader = DataLoader(val_set, batch_size=batch_size, **options)  # type: ignore[arg-type]
+    if kind == "raw_batched":
+        loader, val_loader = data.train_dataloader(), data.val_dataloader()
     net = net.to(device)
     if fast:
         net = net.to(memory_format=torch.channels_last)
@@ -119,6 +127,8 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
             sync(device)
             timed_from, steps_before = time.perf_counter(), epoch * len(loader)
         model.train()
+        if hasattr(loader.sampler, "set_epoch"):  # the template's sampler: the order follows (seed, epoch)
+            loader.sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad(set_to_none=True)
             with autocast:
@@ -210,6 +220,7 @@ def one(kind: str, workload: str, small: bool) -> dict[str, float]:
 # (workload, baseline kind, measured kind, what the ratio is)
 COMPARISONS = [
     ("default", "raw", "template", "template / raw loop"),
+    ("default", "raw_batched", "template", "template / raw loop with the template's batches (loop cost only)"),
     ("resnet", "raw", "template", "template / raw loop"),
     ("cifar_gpu", "raw", "raw_fast", "bf16 + channels_last + compile / fp32 eager (raw)"),
     ("cifar_gpu", "raw_fast", "template_fast", "template / raw loop, both optimised"),
