@@ -230,3 +230,14 @@ def test_configs_are_found_in_a_wheel_and_in_a_checkout_and_missing_is_one_error
     assert config_dir(checkout) == tmp_path / "project" / "configs"
     with pytest.raises(ConfigError, match=r"no default config: neither .* nor .*; reinstall the package"):
         config_dir(tmp_path / "elsewhere" / "lib" / "kiln")
+
+
+def test_a_switched_class_says_which_default_values_it_kept(capsys: pytest.CaptureFixture) -> None:
+    build_cli([*LIMIT, "--model.init_args.optimizer", "torch.optim.Adam", "--trainer.logger", "false"], run=False)
+    err = capsys.readouterr().err
+    assert "model.init_args.optimizer: Adam keeps lr=0.003, weight_decay=0.01, fused=True from AdamW" in err
+    build_cli([*LIMIT, "--model.init_args.optimizer", "torch.optim.Adam", "--model.init_args.optimizer.lr", "0.01",
+               "--model.init_args.optimizer.weight_decay", "0", "--trainer.logger", "false"], run=False)  # fmt: skip
+    assert "keeps fused=True from AdamW" in capsys.readouterr().err  # only what nobody wrote
+    build_cli(["-c", str(CONFIGS / "experiment" / "cifar10.yaml"), "--trainer.logger", "false"], run=False)
+    assert "keeps" not in capsys.readouterr().err  # an experiment file that states its values: nothing to say

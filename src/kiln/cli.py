@@ -24,7 +24,8 @@ from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
-from kiln.config_errors import describe
+from kiln.class_switch import carried_over
+from kiln.config_errors import describe, sources
 from kiln.console import quiet_lightning
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
@@ -125,6 +126,7 @@ class KilnCLI(LightningCLI):
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
         runs.new_command()
         quiet_lightning()
         try:
@@ -137,10 +139,11 @@ class KilnCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
+        given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
+        self._given = [str(a) for a in given]
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
-            given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
             command = next((a for a in given if a in self.subcommands()), None)
             known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
 
@@ -208,6 +211,8 @@ class KilnCLI(LightningCLI):
         secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
         sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
+        for line in carried_over(config, config_dir() / "train.yaml", sources(self._given, [])):
+            print(line, file=sys.stderr)
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         given_root = config.trainer.default_root_dir
         if given_root not in (None, str(self.run_dir)):

@@ -92,7 +92,7 @@ def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
     return [*found, flags]
 
 
-def _skeleton(path: str) -> tuple[str, ...]:
+def skeleton(path: str) -> tuple[str, ...]:
     """A key path without list positions and ``init_args``: the same setting however it was written."""
     parts = re.sub(r"\[\d+\]", "", path).split(".")
     return tuple(part for part in parts if part not in ("init_args", "dict_kwargs"))
@@ -196,8 +196,8 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
     if mistake.kind == "option":
         (option,) = mistake.found
         owner = mistake.classes[-1] if mistake.classes else ""
-        target = _skeleton(f"{path}.{option}")
-        where = _where(settings, lambda p, v: _skeleton(p) == target, f"{path}.init_args.{option}")
+        target = skeleton(f"{path}.{option}")
+        where = _where(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
         hint = _nearest(option, _parameters(_import(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind in ("class", "module"):
@@ -215,10 +215,10 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         return f"{where}: no class {given}{hint}"
     if mistake.kind == "key":
         key = mistake.found[0]
-        where = _where(settings, lambda p, v: _skeleton(p) == _skeleton(key), key)
+        where = _where(settings, lambda p, v: skeleton(p) == skeleton(key), key)
         return f"{where}: no such setting{_nearest(key, known_keys())}"
     (value,) = mistake.found
-    where = _where(settings, lambda p, v: _skeleton(p) == _skeleton(path), path)
+    where = _where(settings, lambda p, v: skeleton(p) == skeleton(path), path)
     shown = REDACTED if is_secret_name(path) else repr(value)
     if not mistake.expected:
         return f"{where}: {shown} is not accepted"
