@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -247,3 +248,19 @@ def test_a_stop_found_while_a_checkpoint_is_written_waits_for_the_next_hook() ->
     assert guard.state_dict() == {"skipped": 1}  # a checkpoint's state_dict never raises (Lightning is mid-save)
     with pytest.raises(HealthCheckError, match="non-finite training step 3"):
         guard.on_train_epoch_end(None, None)  # type: ignore[arg-type]  # the next hook stops the run
+
+
+def test_the_gradient_norm_is_computed_once_per_step_for_both_callbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = torch.nn.utils.get_total_norm
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", counted)
+    cli = build_cli([*LIMIT, "--trainer.max_epochs", "1", "--trainer.logger", "false"], run=False)
+    owners = [c for c in cli.trainer.callbacks if isinstance(c, NonFiniteGuard | GradNormMonitor)]  # type: ignore[attr-defined]
+    assert len(owners) == 2  # both need the norm each step
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert len(calls) == cli.trainer.global_step == 5

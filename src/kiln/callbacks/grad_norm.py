@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import torch
@@ -20,24 +19,36 @@ def optimizer_gradients(optimizer: Optimizer) -> list[Tensor]:
     return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-_NORMS: weakref.WeakKeyDictionary[Optimizer, tuple[int, Tensor]] = weakref.WeakKeyDictionary()
-
-
-def total_gradient_norm(trainer: Trainer, optimizer: Optimizer) -> Tensor | None:
+class StepGradientNorm:
     """The 2-norm of all gradients the optimizer is about to apply, on the device, computed once per step.
 
-    NonFiniteGuard and GradNormMonitor both need it in ``on_before_optimizer_step``; the second asks
-    for free. ``None`` when no parameter has a gradient.
+    NonFiniteGuard and GradNormMonitor both need it in ``on_before_optimizer_step``; each carries
+    one as ``gradient_norm``, and both use the first one in the trainer's callback list
+    (:func:`shared_gradient_norm`), so the second to ask gets it for free.
     """
-    grads = optimizer_gradients(optimizer)
-    if not grads:
-        return None
-    cached = _NORMS.get(optimizer)
-    if cached is not None and cached[0] == trainer.global_step:
-        return cached[1]
-    norm = torch.nn.utils.get_total_norm(grads).detach()
-    _NORMS[optimizer] = (trainer.global_step, norm)
-    return norm
+
+    def __init__(self) -> None:
+        self._last: tuple[Optimizer, int, Tensor] | None = None
+
+    def __call__(self, trainer: Trainer, optimizer: Optimizer) -> Tensor | None:
+        """``None`` when no parameter has a gradient."""
+        grads = optimizer_gradients(optimizer)
+        if not grads:
+            return None
+        if self._last is not None and self._last[0] is optimizer and self._last[1] == trainer.global_step:
+            return self._last[2]
+        norm = torch.nn.utils.get_total_norm(grads).detach()
+        self._last = (optimizer, trainer.global_step, norm)
+        return norm
+
+
+def shared_gradient_norm(trainer: Trainer, own: StepGradientNorm) -> StepGradientNorm:
+    """The first ``gradient_norm`` any of the trainer's callbacks carries (``own`` when none does)."""
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        found = getattr(callback, "gradient_norm", None)
+        if isinstance(found, StepGradientNorm):
+            return found
+    return own
 
 
 class GradNormMonitor(Callback):
@@ -70,9 +81,10 @@ class GradNormMonitor(Callback):
         self._pending: list[Tensor] = []
         self._past: list[float] = []
         self.spikes: list[tuple[int, float, float]] = []  # (step, norm, median)
+        self.gradient_norm = StepGradientNorm()
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
-        total = total_gradient_norm(trainer, optimizer)
+        total = shared_gradient_norm(trainer, self.gradient_norm)(trainer, optimizer)
         if total is None:
             return
         step = trainer.global_step

@@ -9,7 +9,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.optim import Optimizer
 
-from kiln.callbacks.grad_norm import total_gradient_norm
+from kiln.callbacks.grad_norm import StepGradientNorm, shared_gradient_norm
 from kiln.errors import ConfigError, HealthCheckError
 
 
@@ -70,6 +70,7 @@ class NonFiniteGuard(Callback):
         self._optimizers: list[Optimizer] = []
         self._buffers: list[tuple[Tensor, Tensor]] = []  # skip: (buffer, its value at the window start)
         self._trainer: Trainer | None = None
+        self.gradient_norm = StepGradientNorm()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict (called for every checkpoint) gets no trainer
@@ -93,7 +94,7 @@ class NonFiniteGuard(Callback):
         if self.action == "off":
             return
         scaler = _has_grad_scaler(trainer)
-        norm = None if scaler else total_gradient_norm(trainer, optimizer)
+        norm = None if scaler else shared_gradient_norm(trainer, self.gradient_norm)(trainer, optimizer)
         if norm is None and self._loss is None:
             return
         # one scalar: NaN or Inf in the loss or any gradient makes the sum non-finite
