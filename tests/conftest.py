@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from dataset_files import write_cifar10, write_mnist
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-LIMIT = ["-c", str(CONFIGS / "debug" / "limit.yaml")]  # a short, complete run
-
-
-def callback(cli: Any, kind: type) -> Any:
-    """The trainer's callback of this type."""
-    return next(c for c in cli.trainer.callbacks if isinstance(c, kind))
 
 
 @pytest.fixture(autouse=True)

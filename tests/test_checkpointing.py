@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from kiln.cli import build_cli, main

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
 

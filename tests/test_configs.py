@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS
+from helpers import CONFIGS
 
 from kiln.cli import build_cli, main
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.checkpointing import load_checkpoint_file
 from kiln.cli import build_cli, main

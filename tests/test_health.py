@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CONFIGS, LIMIT, callback
 from faulty import NaNAtSteps
+from helpers import CONFIGS, LIMIT, callback
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count as readable
 from PIL import Image

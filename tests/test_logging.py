@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import callback
+from helpers import callback
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import RichProgressBar
 

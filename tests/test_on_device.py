@@ -112,7 +112,7 @@ def test_on_device_training_reaches_the_dataloader_accuracy() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_device_batches_live_on_the_gpu_and_training_learns() -> None:
-    from conftest import CONFIGS
+    from helpers import CONFIGS
 
     from kiln.cli import build_cli
 

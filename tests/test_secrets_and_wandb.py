@@ -18,7 +18,7 @@ from typing import ClassVar
 import pytest
 import torch
 import yaml
-from conftest import LIMIT
+from helpers import LIMIT
 
 from kiln.cli import build_cli, main
 from kiln.loggers import Wandb
