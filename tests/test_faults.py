@@ -106,6 +106,7 @@ def test_ckpt_path_last_on_a_corrupt_file_is_one_line(capsys: pytest.CaptureFixt
     )
 
 
+@pytest.mark.slow
 def test_a_slurm_job_resumes_only_its_own_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "101")
     build_cli(["fit", *QUIET, "--ckpt_path", "last"])
@@ -170,6 +171,7 @@ def test_a_resume_that_changes_the_model_is_refused_in_one_line(capsys: pytest.C
     assert load_checkpoint_file(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_a_resume_with_more_epochs_stretches_the_schedule_instead_of_training_at_lr_0() -> None:
     build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
     longer = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "3"])

@@ -196,6 +196,7 @@ def test_deferred_check_skips_on_the_device_and_stops_at_the_next_read(tmp_path:
         assert torch.load(path, weights_only=True)["global_step"] < k
 
 
+@pytest.mark.slow
 def test_deferred_skip_mode_counts_skips_on_the_device(tmp_path: Path) -> None:
     skip = ["--non_finite.action", "skip", "--non_finite.max_skips", "2"]
     cli = build_cli(["-c", nan_net_config(tmp_path, [4, 8]), *DEFERRED, *skip], run=False)
