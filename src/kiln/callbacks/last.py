@@ -12,6 +12,13 @@ from lightning.pytorch.callbacks import Checkpoint
 from kiln.runs import layout
 
 
+def save_last(trainer: Trainer) -> Path:
+    """Write the full training state to the run's ``last.ckpt`` (all ranks call this; rank 0 writes)."""
+    path = layout(trainer.default_root_dir).last
+    trainer.save_checkpoint(path, weights_only=False)  # the full state (unset, Lightning says so every save)
+    return path
+
+
 def _limit(value: int | None) -> float:
     return math.inf if value is None or value < 0 else value
 
@@ -50,9 +57,8 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = -1
 
     def save(self, trainer: Trainer) -> Path:
-        """Write the current state to ``last.ckpt`` (all ranks call this; rank 0 writes)."""
-        path = layout(trainer.default_root_dir).last
-        trainer.save_checkpoint(path, weights_only=False)  # the full state (unset, Lightning says so every save)
+        """Write the current state to ``last.ckpt``, remembering its step (no second write at epoch end)."""
+        path = save_last(trainer)
         self._saved_step = trainer.global_step
         return path
 

@@ -17,8 +17,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import stop_signals
-from kiln.callbacks.last import LastCheckpoint
-from kiln.runs import layout
+from kiln.callbacks.last import LastCheckpoint, save_last
 
 
 def capture_rng() -> dict[str, Any]:
@@ -132,11 +131,7 @@ class PreemptionCheckpoint(Callback):
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
         owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
-        if owner is not None:
-            self.saved = owner.save(trainer)
-        else:
-            self.saved = layout(trainer.default_root_dir).last
-            trainer.save_checkpoint(self.saved, weights_only=False)
+        self.saved = owner.save(trainer) if owner is not None else save_last(trainer)
         where = " (in validation, which runs again on resume)" if self._cut_validation else ""
         rank_zero_info(
             f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
@@ -181,7 +176,10 @@ class PreemptionCheckpoint(Callback):
         if not isinstance(exception, SIGTERMException):
             return
         if trainer.state.fn == "fit":
-            self._cut_validation = trainer.validating and not trainer.sanity_checking
-            self._save(trainer, "SIGTERM")
+            self._cut_validation = trainer.validating and not trainer.sanity_checking  # read by on_save_checkpoint
+            try:
+                self._save(trainer, "SIGTERM")
+            finally:
+                self._cut_validation = False  # only this save is marked
         else:
             rank_zero_info(f"SIGTERM: stopped {_stage(trainer)}; nothing to save")
