@@ -25,7 +25,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.class_switch import carried_over
-from kiln.config_errors import describe, sources
+from kiln.config_errors import describe, import_class, sources
 from kiln.console import quiet_lightning
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
@@ -278,13 +278,7 @@ class KilnCLI(LightningCLI):
 
 def _is_a(node: Namespace, base: type) -> bool:
     """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
-    import importlib
-
-    module, _, name = node.class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return False
+    cls = import_class(node.class_path)
     return isinstance(cls, type) and issubclass(cls, base)
 
 

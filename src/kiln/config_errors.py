@@ -9,7 +9,6 @@ the sources the user wrote.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import importlib
 import inspect
@@ -42,6 +41,7 @@ class Source:
 
     name: str
     entries: list[tuple[str, Any]] = field(default_factory=list)
+    problem: yaml.YAMLError | None = None  # why the file is not valid YAML, if it is not
 
 
 @dataclass
@@ -87,8 +87,12 @@ def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
         else:
             flags.entries.append((key.rstrip("+"), value))
     for source in found:
-        with contextlib.suppress(OSError, yaml.YAMLError):  # a file that does not load is named by its own error
+        try:
             source.entries = list(_walk(_load(source.name)))
+        except yaml.YAMLError as err:
+            source.problem = err
+        except OSError:  # a file that is not there is named by jsonargparse's own error
+            pass
     return [*found, flags]
 
 
@@ -139,7 +143,8 @@ def read_mistake(message: str) -> Mistake | None:
     return candidates[0] if candidates else None
 
 
-def _import(dotted: str) -> Any:
+def import_class(dotted: str) -> Any:
+    """The object a ``module.Name`` path names, or ``None`` when it cannot be imported."""
     module, _, name = dotted.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)
@@ -175,16 +180,11 @@ def describe(message: str, args: list[str], default_files: Iterable[str], known_
 
 
 def _describe(message: str, settings: list[Source], known_keys: Callable[[], list[str]]) -> str:
-    if YAML_PROBLEM in message:
-        for source in settings[:-1]:
-            try:
-                _load(source.name)
-            except yaml.YAMLError as err:
-                mark = getattr(err, "problem_mark", None)
-                where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-                return f"{source.name}: {where}not valid YAML ({getattr(err, 'problem', None) or err})"
-            except OSError:
-                continue
+    broken = next((s for s in settings if s.problem is not None), None)
+    if YAML_PROBLEM in message and broken is not None:
+        mark = getattr(broken.problem, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        return f"{broken.name}: {where}not valid YAML ({getattr(broken.problem, 'problem', None) or broken.problem})"
     if missing := MISSING_FILE.search(message):  # named as the user wrote it, not as jsonargparse resolved it
         absent = Path(missing.group(1)).resolve()
         name = next((s.name for s in settings if Path(s.name).resolve() == absent), str(absent))
@@ -198,21 +198,17 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
         where = _where(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
-        hint = _nearest(option, _parameters(_import(owner)))
+        hint = _nearest(option, _parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
-    if mistake.kind in ("class", "module"):
-        if mistake.kind == "class":
-            given = ".".join(mistake.found)
-        else:
-            given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
-        where = _where(settings, lambda p, v: v == given, f"{path}.class_path")
-        if mistake.kind == "class":
-            module, name = mistake.found
-            names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-            hint = _nearest(name, names).replace("mean ", f"mean {module}.")
-        else:
-            hint = ""
-        return f"{where}: no class {given}{hint}"
+    if mistake.kind == "class":  # the module imported, the name is not in it
+        module, name = mistake.found
+        given = f"{module}.{name}"
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+        hint = _nearest(name, names).replace("mean ", f"mean {module}.")
+        return f"{_where(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
+    if mistake.kind == "module":
+        given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
+        return f"{_where(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}"
     if mistake.kind == "key":
         key = mistake.found[0]
         where = _where(settings, lambda p, v: skeleton(p) == skeleton(key), key)
