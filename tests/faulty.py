@@ -6,7 +6,8 @@ import torch
 from torch import Tensor
 
 from kiln.data import DigitsDataModule
-from kiln.models import ImageClassifier
+from kiln.data.base import InMemoryDataset
+from kiln.models import Classifier
 from kiln.nets import SmallCNN
 
 
@@ -72,7 +73,7 @@ class ConstantLabels(DigitsDataModule):
         self.train_set.labels[:] = 3
 
 
-class WithApiKey(ImageClassifier):
+class WithApiKey(Classifier):
     """A classifier that takes a secret, as a model calling an external service would."""
 
     def __init__(
@@ -115,4 +116,12 @@ class EmptySplit(DigitsDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         split = getattr(self, f"{self.empty}_set")
-        setattr(self, f"{self.empty}_set", self.make_dataset(split.images[:0], split.labels[:0], self.empty == "train"))
+        setattr(self, f"{self.empty}_set", self.make_dataset(split.inputs[:0], split.labels[:0], self.empty == "train"))
+
+
+class MissingChannel(DigitsDataModule):
+    """Digits declared as 1x8x8 samples but yielded as 8x8 ones, as a forgotten ``unsqueeze(1)`` gives."""
+
+    def make_dataset(self, inputs: Tensor, labels: Tensor, train: bool) -> InMemoryDataset:
+        transform = self.train_transform() if train else None
+        return InMemoryDataset(inputs.squeeze(1), labels, self.mean, self.std, transform, seed=self.seed)

@@ -14,6 +14,7 @@ import torch
 from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
+from kiln.errors import UsageError
 
 
 def run_dirs(root: Path = Path("runs/digits")) -> list[Path]:
@@ -241,3 +242,20 @@ def test_a_switched_class_says_which_default_values_it_kept(capsys: pytest.Captu
     assert "keeps fused=True from AdamW" in capsys.readouterr().err  # only what nobody wrote
     build_cli(["-c", str(CONFIGS / "experiment" / "cifar10.yaml"), "--trainer.logger", "false"], run=False)
     assert "keeps" not in capsys.readouterr().err  # an experiment file that states its values: nothing to say
+
+
+def test_a_preset_leaves_out_or_replaces_one_default_callback_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    default = [type(c).__name__ for c in build_cli([*LIMIT], run=False).trainer.callbacks]  # type: ignore[attr-defined]
+    preset = tmp_path / "swap.yaml"
+    preset.write_text(
+        "run:\n  without: [BatchGrid, kiln.callbacks.ProgressBar]\n"
+        "trainer:\n  callbacks+:\n    - lightning.pytorch.callbacks.RichProgressBar\n"
+    )
+    names = [type(c).__name__ for c in build_cli([*LIMIT, "-c", str(preset)], run=False).trainer.callbacks]  # type: ignore[attr-defined]
+    assert "BatchGrid" not in names and names.count("RichProgressBar") == 1
+    assert sorted(names) == sorted({*default} - {"BatchGrid", "ProgressBar"} | {"RichProgressBar"})
+    assert "BatchGrid: left out, as run.without names it" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"run.without: no callback BatchGrd in trainer.callbacks \(.*\); did you"):
+        build_cli([*LIMIT, "--run.without", "[BatchGrd]"], run=False)

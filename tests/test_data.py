@@ -29,11 +29,11 @@ def test_digits_split_is_seeded_disjoint_and_complete() -> None:
     for dm in (a, b, c):
         dm.setup()
     assert torch.equal(a.test_set.labels, b.test_set.labels)  # type: ignore[union-attr]
-    assert torch.equal(a.test_set.images, b.test_set.images)  # type: ignore[union-attr]
-    assert not torch.equal(a.test_set.images, c.test_set.images)  # type: ignore[union-attr]
+    assert torch.equal(a.test_set.inputs, b.test_set.inputs)  # type: ignore[union-attr]
+    assert not torch.equal(a.test_set.inputs, c.test_set.inputs)  # type: ignore[union-attr]
     sizes = [len(s) for s in (a.train_set, a.val_set, a.test_set)]  # type: ignore[arg-type]
     assert sum(sizes) == 1797 and sizes[2] == round(0.2 * 1797)
-    rows = lambda ds: {tuple(x.flatten().tolist()) for x in ds.images}  # noqa: E731
+    rows = lambda ds: {tuple(x.flatten().tolist()) for x in ds.inputs}  # noqa: E731
     assert not rows(a.train_set) & rows(a.test_set)
 
 
@@ -130,7 +130,7 @@ def test_synthetic_data_is_cifar_shaped_and_repeatable() -> None:
     a, b = SyntheticDataModule(num_samples=40, batch_size=8, num_workers=0), SyntheticDataModule(num_samples=40)
     a.setup()
     b.setup()
-    assert torch.equal(a.train_set.images, b.train_set.images)  # type: ignore[union-attr]
+    assert torch.equal(a.train_set.inputs, b.train_set.inputs)  # type: ignore[union-attr]
     x, y = next(iter(a.train_dataloader()))
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and int(y.max()) < 10
     assert (len(a.train_set), len(a.val_set), len(a.test_set)) == (40, 4, 4)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from kiln.callbacks.batch_checks import check_batch
 from kiln.cli import KilnCLI, build_cli, main
 from kiln.data import DigitsDataModule
 from kiln.errors import HealthCheckError, KilnError
-from kiln.models import ImageClassifier
+from kiln.models import Classifier
 
 
 def params(cli: KilnCLI) -> dict[str, torch.Tensor]:
@@ -81,9 +81,9 @@ def test_label_out_of_range_stops_before_the_first_optimizer_step() -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_wrong_channel_count_names_expected_and_got() -> None:
-    cli = build_cli([*LIMIT, "--model.init_args.net.init_args.in_channels", "3"], run=False)
-    with pytest.raises(HealthCheckError, match=r"images have 1 channels, the network expects 3"):
+def test_a_batch_unlike_the_datas_declaration_stops_before_the_first_step() -> None:
+    cli = build_cli([*LIMIT, "--data", "faulty.MissingChannel", "--data.num_workers", "0"], run=False)
+    with pytest.raises(HealthCheckError, match=r"val batch 0: inputs have shape \(64, 8, 8\), with no channel dimens"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 0
 
@@ -101,7 +101,9 @@ def test_constant_labels_warn() -> None:
     ("batch", "match"),
     [
         ((torch.zeros(2, 1, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)), "dtype torch.uint8"),
-        ((torch.zeros(2, 8, 8), torch.zeros(2, dtype=torch.long)), r"shape \(2, 8, 8\)"),
+        ((torch.zeros(2, 8, 8), torch.zeros(2, dtype=torch.long)), r"shape \(2, 8, 8\), with no channel dimension"),
+        ((torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.long)), r"shape \(2, 3, 8, 8\); the data declares"),
+        ((torch.zeros(2), torch.zeros(2, dtype=torch.long)), r"shape \(2,\), expected \(batch, ...\)"),
         ((torch.full((2, 1, 8, 8), float("nan")), torch.zeros(2, dtype=torch.long)), r"NaN/Inf in samples \[0, 1\]"),
         ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"label -1 of sample 0 is outside \[0, 10\)"),
         ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "expected 1-D integers"),
@@ -109,7 +111,15 @@ def test_constant_labels_warn() -> None:
 )
 def test_check_batch_names_the_field(batch: tuple, match: str) -> None:
     with pytest.raises(HealthCheckError, match=match):
-        check_batch(batch, "train batch 0", num_classes=10, in_channels=1)
+        check_batch(batch, "train batch 0", num_classes=10, input_shape=(1, 8, 8))
+
+
+def test_check_batch_takes_any_declared_sample_shape_and_the_networks_channels() -> None:
+    labels = torch.zeros(4, dtype=torch.long)
+    for shape in [(40,), (2, 40), (3, 8, 8)]:
+        check_batch((torch.zeros(4, *shape), labels), "train batch 0", num_classes=4, input_shape=shape)
+    with pytest.raises(HealthCheckError, match=r"inputs have 1 channels, the network expects 3"):
+        check_batch((torch.zeros(4, 1, 40), labels), "train batch 0", num_classes=4, channels=3)
 
 
 def test_gradient_spike_is_reported_once_at_its_step(tmp_path: Path) -> None:
@@ -236,7 +246,7 @@ class SyncFreeGuard(NonFiniteGuard):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_guard_checks_every_step_without_a_host_sync() -> None:
     guard = SyncFreeGuard(action="skip", check_every_n_steps=5)
-    model = ImageClassifier(NaNAtSteps(steps=[3], in_channels=1, num_classes=10), num_classes=10)  # fused AdamW
+    model = Classifier(NaNAtSteps(steps=[3], in_channels=1, num_classes=10), num_classes=10)  # fused AdamW
     trainer = Trainer(accelerator="gpu", devices=1, max_steps=12, limit_val_batches=0, callbacks=[guard],
                       logger=False, enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=64, num_workers=0))

@@ -10,7 +10,7 @@ import torch
 from helpers import CONFIGS
 
 from kiln.cli import build_cli
-from kiln.models import ImageClassifier, WarmupCosineLR
+from kiln.models import Classifier, WarmupCosineLR
 from kiln.nets import SmallCNN
 
 
@@ -28,7 +28,7 @@ def test_checkpoint_alone_rebuilds_model_with_identical_predictions() -> None:
     )
     last = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     assert last.is_file()
-    loaded = ImageClassifier.load_from_checkpoint(last, map_location="cpu")  # no YAML, no net passed
+    loaded = Classifier.load_from_checkpoint(last, map_location="cpu")  # no YAML, no net passed
     assert isinstance(loaded.net, SmallCNN)
     x = torch.randn(16, 1, 8, 8)
     cli.model.eval()
@@ -40,13 +40,13 @@ def test_checkpoint_alone_rebuilds_model_with_identical_predictions() -> None:
 
 
 def test_model_built_in_python_stores_no_objects_in_hparams(tmp_path: Path) -> None:
-    model = ImageClassifier(net=SmallCNN(), num_classes=10)
+    model = Classifier(net=SmallCNN(), num_classes=10)
     assert "net" not in model.hparams and "optimizer" not in model.hparams
     assert model.hparams["num_classes"] == 10
 
 
 def test_predict_step_returns_probabilities() -> None:
-    model = ImageClassifier(net=SmallCNN(num_classes=4), num_classes=4).eval()
+    model = Classifier(net=SmallCNN(num_classes=4), num_classes=4).eval()
     probs = model.predict_step((torch.randn(5, 1, 8, 8), torch.zeros(5)), 0)
     assert probs.shape == (5, 4)
     torch.testing.assert_close(probs.sum(dim=1), torch.ones(5))
@@ -80,7 +80,7 @@ def test_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(capsys: pytest.C
 
 
 def test_a_model_built_in_python_trains_like_the_default_config() -> None:
-    models = [build_cli(run=False).model, ImageClassifier(net=SmallCNN(), num_classes=10)]
+    models = [build_cli(run=False).model, Classifier(net=SmallCNN(), num_classes=10)]
     optimizers = [m.optimizer_factory([torch.nn.Parameter(torch.zeros(1))]) for m in models]
     assert type(optimizers[0]) is type(optimizers[1]) and optimizers[0].defaults == optimizers[1].defaults
     schedules = [m.scheduler_factory(o) for m, o in zip(models, optimizers, strict=True) if m.scheduler_factory]

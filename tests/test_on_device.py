@@ -119,7 +119,7 @@ def test_on_device_batches_live_on_the_gpu_and_training_learns() -> None:
     args = ["fit", "-c", str(CONFIGS / "trainer" / "gpu.yaml"), "-c", str(CONFIGS / "data" / "on_device.yaml")]
     cli = build_cli([*args, "--trainer.max_epochs", "12", "--trainer.logger", "false"])
     loader = cli.datamodule.train_dataloader()
-    assert isinstance(loader, DeviceLoader) and loader.images.is_cuda
+    assert isinstance(loader, DeviceLoader) and loader.inputs.is_cuda
     x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda
     assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.97

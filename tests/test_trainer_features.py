@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kiln.callbacks import GradNormMonitor
 from kiln.cli import _fall_back_from_bf16, build_cli
-from kiln.models import ImageClassifier
+from kiln.models import Classifier
 from kiln.nets import ResNet, SmallCNN
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -116,7 +116,7 @@ def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
     best = checkpoint.best_model_path
     state = torch.load(best, weights_only=True)["state_dict"]
     assert not any("_orig_mod" in key for key in state)
-    eager = ImageClassifier.load_from_checkpoint(best, compile=False).eval()
+    eager = Classifier.load_from_checkpoint(best, compile=False).eval()
     assert isinstance(eager.net, SmallCNN)
     assert cli.model.net._compiled_call_impl is not None and eager.net._compiled_call_impl is None
     x = torch.randn(8, 1, 8, 8)
@@ -146,8 +146,8 @@ def test_activation_checkpointing_keeps_loss_gradients_and_batchnorm_stats() -> 
 def test_channels_last_changes_layout_not_results() -> None:
     torch.manual_seed(0)
     net = ResNet(in_channels=3, num_classes=10, blocks_per_stage=1)
-    plain = ImageClassifier(net=copy.deepcopy(net), num_classes=10).eval()
-    nhwc = ImageClassifier(net=copy.deepcopy(net), num_classes=10, channels_last=True).eval()
+    plain = Classifier(net=copy.deepcopy(net), num_classes=10).eval()
+    nhwc = Classifier(net=copy.deepcopy(net), num_classes=10, channels_last=True).eval()
     assert all(p.is_contiguous() for p in net.parameters())
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in nhwc.net.parameters() if p.ndim == 4)
     x = torch.randn(4, 3, 32, 32)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import signal
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
+from kiln.shapes import DataLinks, unwrap
 from kiln.testing import TestChoice, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
@@ -62,6 +64,9 @@ class RunOptions:
         cpu_threads: torch's intra-op CPU threads (``None``: torch's default, one per core). Fewer
             are often faster for small models on a shared machine; the count changes the order of
             floating-point sums, so bitwise-repeatable CPU runs need the same count.
+        without: Callbacks of ``trainer.callbacks`` to leave out, by class name (``[BatchGrid]``)
+            or path; a subclass of a named class goes too. A preset drops (or, adding its own,
+            replaces) one default callback this way without restating the whole list.
     """
 
     name: str = "default"
@@ -69,6 +74,7 @@ class RunOptions:
     test_after_fit: bool = True
     test_ckpt: TestChoice = "both"
     cpu_threads: PositiveInt | None = None
+    without: list[str] = field(default_factory=list)
 
 
 class AlreadyFinished(Exception):
@@ -127,6 +133,7 @@ class KilnCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
+        self.links = DataLinks()
         runs.new_command()
         quiet_lightning()
         try:
@@ -203,6 +210,7 @@ class KilnCLI(LightningCLI):
         parser.add_class_arguments(RunOptions, "run")
         # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
         parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        self.links.add_to(parser)  # num_classes, in_channels, input_shape: from the data, never restated
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -211,8 +219,10 @@ class KilnCLI(LightningCLI):
         secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
         sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
-        for line in carried_over(config, config_dir() / "train.yaml", sources(self._given, [])):
+        default_file = config_dir() / "train.yaml"
+        for line in carried_over(config, default_file, sources(self._given, [])):
             print(line, file=sys.stderr)
+        self.links.note(config, sources(self._given, [str(default_file)]))
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         given_root = config.trainer.default_root_dir
         if given_root not in (None, str(self.run_dir)):
@@ -253,13 +263,25 @@ class KilnCLI(LightningCLI):
             ModelSummary: (config.trainer.enable_model_summary is False, "trainer.enable_model_summary is false"),
         }
         kept = []
+        named = _named_callbacks(config.run.without, callbacks)
         for callback in callbacks:
             why = next((why for base, (off, why) in flags.items() if off and _is_a(callback, base)), None)
+            if why is None and callback in named:
+                why = "run.without names it"
             if why is None:
                 kept.append(callback)
             else:
                 print(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}", file=sys.stderr)
         config.trainer.callbacks = kept
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            if (kiln_error := unwrap(err)) is not None:  # raised in a link: one line, not jsonargparse's chain
+                raise kiln_error from None
+            raise
+        self.links.prune(self.model.hparams)
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
@@ -280,6 +302,25 @@ def _is_a(node: Namespace, base: type) -> bool:
     """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
     cls = import_class(node.class_path)
     return isinstance(cls, type) and issubclass(cls, base)
+
+
+def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Namespace]:
+    """The callbacks ``run.without`` names (by class name, path, or a base class's path); a name that
+    matches none stops in one line listing the names there are."""
+    found = []
+    for name in names:
+        base = import_class(name) if "." in name else None
+        matches = [
+            c for c in callbacks
+            if name in (c.class_path, c.class_path.rsplit(".", 1)[-1]) or (isinstance(base, type) and _is_a(c, base))
+        ]  # fmt: skip
+        if not matches:
+            there = sorted({c.class_path.rsplit(".", 1)[-1] for c in callbacks})
+            close = difflib.get_close_matches(name.rsplit(".", 1)[-1], there, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
+        found += matches
+    return found
 
 
 def _fill(owner: str, init_args: Namespace, name: str, value: Any, unset: tuple[Any, ...] = (None,)) -> None:

@@ -102,7 +102,7 @@ def skeleton(path: str) -> tuple[str, ...]:
     return tuple(part for part in parts if part not in ("init_args", "dict_kwargs"))
 
 
-def _where(settings: list[Source], match: Callable[[str, Any], bool], path: str) -> str:
+def where_written(settings: list[Source], match: Callable[[str, Any], bool], path: str) -> str:
     """Where the last matching setting (the one that applied) was written: ``file: key`` or ``--key``; else ``path``."""
     for source in reversed(settings):
         for written, value in reversed(source.entries):
@@ -197,7 +197,7 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         (option,) = mistake.found
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
-        where = _where(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
+        where = where_written(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
         hint = _nearest(option, _parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind == "class":  # the module imported, the name is not in it
@@ -205,16 +205,16 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         given = f"{module}.{name}"
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
         hint = _nearest(name, names).replace("mean ", f"mean {module}.")
-        return f"{_where(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
+        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
     if mistake.kind == "module":
         given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
-        return f"{_where(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}"
+        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}"
     if mistake.kind == "key":
         key = mistake.found[0]
-        where = _where(settings, lambda p, v: skeleton(p) == skeleton(key), key)
+        where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
         return f"{where}: no such setting{_nearest(key, known_keys())}"
     (value,) = mistake.found
-    where = _where(settings, lambda p, v: skeleton(p) == skeleton(path), path)
+    where = where_written(settings, lambda p, v: skeleton(p) == skeleton(path), path)
     shown = REDACTED if is_secret_name(path) else repr(value)
     if not mistake.expected:
         return f"{where}: {shown} is not accepted"

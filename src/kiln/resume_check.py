@@ -8,6 +8,7 @@ from jsonargparse import Namespace
 
 from kiln.errors import ConfigError
 from kiln.secrets import REDACTED
+from kiln.shapes import TARGETS
 
 # settings that change speed or memory, not the computation: a resume may change them
 RUNTIME_ONLY = {"compile", "compile_mode", "channels_last", "fused", "foreach", "activation_checkpointing"}
@@ -40,7 +41,7 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
         (key, saved[key], value)
         for key, value in given.items()
         if key in saved and saved[key] != value and saved[key] != REDACTED
-        and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY
+        and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY and key not in TARGETS  # linked from the data
     ]  # fmt: skip
     if not changed:
         return

@@ -3,48 +3,69 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
 
 from kiln.data.base import check_labels
 from kiln.errors import HealthCheckError
 
 
-def _expected(trainer: Trainer, pl_module: LightningModule, name: str) -> int | None:
-    """``name`` (num_classes, in_channels) from the network, the module or the datamodule, if any declares it."""
-    for owner in (getattr(pl_module, "net", None), pl_module, getattr(trainer, "datamodule", None)):
+def _declared(trainer: Trainer, pl_module: LightningModule, name: str) -> Any:
+    """``name`` (num_classes, input_shape) as the datamodule declares it (the model's, for data that declares none)."""
+    for owner in (getattr(trainer, "datamodule", None), pl_module):
         value = getattr(owner, name, None)
-        if isinstance(value, int):
+        if value is not None:
             return value
     return None
 
 
-def check_batch(batch: Any, where: str, num_classes: int | None, in_channels: int | None) -> list[str]:
-    """Raise :class:`HealthCheckError` for a broken ``(images, labels)`` batch; return warnings."""
+def _shape_problem(x: Tensor, input_shape: Sequence[int] | None, channels: int | None) -> str | None:
+    """Why a batch of this shape cannot be what the data declares (or the network takes), if it cannot."""
+    got = tuple(x.shape)
+    if input_shape is not None and got[1:] != tuple(input_shape):
+        expected = f"the data declares samples of shape {tuple(input_shape)}"
+        if len(input_shape) >= 2 and got[1:] == tuple(input_shape[1:]):
+            return f"inputs have shape {got}, with no channel dimension; {expected}: add it (inputs.unsqueeze(1))"
+        return f"inputs have shape {got}; {expected}, so batches of (batch, {', '.join(map(str, input_shape))})"
+    if channels is not None and x.ndim >= 3 and got[1] != channels:
+        return f"inputs have {got[1]} channels, the network expects {channels} (shape {got}): fix the data or the net"
+    return None
+
+
+def check_batch(
+    batch: Any,
+    where: str,
+    num_classes: int | None,
+    input_shape: Sequence[int] | None = None,
+    channels: int | None = None,
+) -> list[str]:
+    """Raise :class:`HealthCheckError` for a broken ``(inputs, labels)`` batch of any sample shape; return warnings.
+
+    ``input_shape`` is one sample's shape as the data declares it; ``channels`` what the network takes, if it says.
+    """
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        raise HealthCheckError(f"{where}: expected an (images, labels) pair, got {type(batch).__name__}")
+        raise HealthCheckError(f"{where}: expected an (inputs, labels) pair, got {type(batch).__name__}")
     x, y = batch
     if not torch.is_floating_point(x):
-        raise HealthCheckError(f"{where}: images have dtype {x.dtype}, expected a float dtype (normalise them)")
-    if x.ndim != 4:
-        raise HealthCheckError(f"{where}: images have shape {tuple(x.shape)}, expected (batch, channels, H, W)")
-    if in_channels is not None and x.shape[1] != in_channels:
-        raise HealthCheckError(
-            f"{where}: images have {x.shape[1]} channels, the network expects {in_channels} "
-            f"(shape {tuple(x.shape)}): set the net's in_channels or fix the data"
-        )
+        raise HealthCheckError(f"{where}: inputs have dtype {x.dtype}, expected a float dtype (normalise them)")
+    if x.ndim < 2:
+        raise HealthCheckError(f"{where}: inputs have shape {tuple(x.shape)}, expected (batch, ...)")
+    if problem := _shape_problem(x, input_shape, channels):
+        raise HealthCheckError(f"{where}: {problem}")
     finite = torch.isfinite(x)
     if not bool(finite.all()):
         bad = (~finite).flatten(1).any(1).nonzero().flatten().tolist()
-        raise HealthCheckError(f"{where}: images contain NaN/Inf in samples {bad[:10]}")
+        raise HealthCheckError(f"{where}: inputs contain NaN/Inf in samples {bad[:10]}")
     if y.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or y.ndim != 1:
         raise HealthCheckError(
             f"{where}: labels have dtype {y.dtype} and shape {tuple(y.shape)}, expected 1-D integers"
         )
-    if num_classes is not None:  # the network's num_classes; ImageDataModule checks every batch against its own
+    if num_classes is not None:  # TensorDataModule checks every batch against its own
         check_labels(y, num_classes, where)
     warnings = []
     if len(y) > 1 and bool((y == y[0]).all()):
@@ -73,8 +94,9 @@ class BatchSanityCheck(Callback):
         self.warnings: list[str] = []
 
     def _check(self, trainer: Trainer, pl_module: LightningModule, batch: Any, where: str) -> None:
-        num_classes = _expected(trainer, pl_module, "num_classes")
-        found = check_batch(batch, where, num_classes, _expected(trainer, pl_module, "in_channels"))
+        channels = getattr(getattr(pl_module, "net", None), "in_channels", None)
+        num_classes, shape = _declared(trainer, pl_module, "num_classes"), _declared(trainer, pl_module, "input_shape")
+        found = check_batch(batch, where, num_classes, shape, channels if isinstance(channels, int) else None)
         for message in found:
             rank_zero_warn(message)
         self.warnings += found
@@ -94,7 +116,7 @@ class BatchSanityCheck(Callback):
         self.counts.update(batch[1].tolist())
         self.seen_train += 1
         if self.seen_train == self.histogram_batches or self.seen_train == trainer.num_training_batches:
-            self._check_histogram(_expected(trainer, pl_module, "num_classes"))
+            self._check_histogram(_declared(trainer, pl_module, "num_classes"))
             self.seen_train = self.histogram_batches
 
     def _check_histogram(self, num_classes: int | None) -> None:

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
+
+from kiln.data.on_device import stats_view
 
 LABEL_HEIGHT = 14
 
@@ -36,6 +38,30 @@ def image_grid(images: Tensor, labels: Sequence[str], cell: int = 64, columns: i
         x, y = (i % columns) * cell, (i // columns) * (cell + LABEL_HEIGHT)
         canvas.paste(tile, (x, y))
         draw.text((x + 2, y + cell + 1), label[: cell // 6], fill="black")
+    return canvas
+
+
+def signal_grid(signals: Tensor, labels: Sequence[str], cell: int = 96, columns: int = 8) -> Image.Image:
+    """1-D samples (N x C x L) as small line plots, one colour per channel, each scaled to its own
+    range (negative values kept, the zero line drawn grey), with its label underneath."""
+    n = len(signals)
+    columns = min(columns, n)
+    rows = math.ceil(n / columns)
+    canvas = Image.new("RGB", (columns * cell, rows * (cell + LABEL_HEIGHT)), "white")
+    draw = ImageDraw.Draw(canvas)
+    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
+    for i, (signal, label) in enumerate(zip(signals, labels, strict=True)):
+        x0, y0 = (i % columns) * cell, (i // columns) * (cell + LABEL_HEIGHT)
+        low, high = float(signal.min()), float(signal.max())
+        top, scale = y0 + 2 + (cell - 5) * high / (high - low or 1.0), (cell - 5) / (high - low or 1.0)
+        draw.rectangle((x0, y0, x0 + cell - 1, y0 + cell - 1), outline="lightgrey")
+        if low < 0 < high:
+            draw.line([(x0, top), (x0 + cell - 1, top)], fill="lightgrey")
+        step = (cell - 5) / max(1, signal.shape[-1] - 1)
+        for channel, values in enumerate(signal[:5]):
+            points = [(x0 + 2 + k * step, top - scale * float(v)) for k, v in enumerate(values)]
+            draw.line(points, fill=colours[channel], width=1)
+        draw.text((x0 + 2, y0 + cell + 1), label[: cell // 6], fill="black")
     return canvas
 
 
@@ -81,6 +107,9 @@ def class_names(trainer: Trainer, num_classes: int) -> list[str]:
 class BatchGrid(Callback):
     """Saves the first training batch, augmented and de-normalised, with labels: ``batch_grid.png``.
 
+    Images (B, C, H, W) are drawn as a grid, 1-D samples (B, C, L) or (B, L) as small line plots;
+    other inputs are skipped with one line.
+
     Args:
         max_images: Number of images shown.
         cell: Pixel size of each image in the grid.
@@ -99,11 +128,20 @@ class BatchGrid(Callback):
         if not trainer.is_global_zero:
             return
         x, y = batch[0][: self.max_images].detach().float().cpu(), batch[1][: self.max_images].cpu()
-        mean = torch.tensor(getattr(trainer.datamodule, "mean", (0.0,))).view(-1, 1, 1)  # type: ignore[attr-defined]
-        std = torch.tensor(getattr(trainer.datamodule, "std", (1.0,))).view(-1, 1, 1)  # type: ignore[attr-defined]
+        if x.ndim not in (2, 3, 4):
+            shape = tuple(batch[0].shape)
+            rank_zero_info(f"BatchGrid: no picture for inputs of shape {shape} (images or 1-D samples only)")
+            return
+        data = trainer.datamodule  # type: ignore[attr-defined]
+        mean = stats_view(getattr(data, "mean", (0.0,)), x.shape[1:], "mean")
+        std = stats_view(getattr(data, "std", (1.0,)), x.shape[1:], "std")
         names = class_names(trainer, int(y.max()) + 1)
         labels = [names[i] if i < len(names) else str(i) for i in y.tolist()]
-        image = image_grid(x * std + mean, labels, cell=self.cell)
+        x = x * std + mean
+        if x.ndim == 4:
+            image = image_grid(x, labels, cell=self.cell)
+        else:
+            image = signal_grid(x if x.ndim == 3 else x.unsqueeze(1), labels, cell=self.cell * 3 // 2)
         self.path = Path(trainer.default_root_dir) / "batch_grid.png"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         image.save(self.path)

@@ -87,7 +87,7 @@ class ExactResume(Callback):
         if hasattr(datamodule, "resume_position"):
             datamodule.resume_position = (state_dict["epoch"], state_dict["samples"])  # type: ignore[union-attr]
         elif state_dict["samples"]:
-            raise RuntimeError("exact mid-epoch resume needs a datamodule with resume_position (ImageDataModule)")
+            raise RuntimeError("exact mid-epoch resume needs a datamodule with resume_position (TensorDataModule)")
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # after the sanity check, right before the first batch: loaders draw from their own generators

@@ -1,10 +1,11 @@
-"""LightningDataModules: one per data source, all yielding ``(image, label)`` batches."""
+"""LightningDataModules: one per data source, all yielding ``(input, label)`` batches."""
 
-from kiln.data.base import ImageDataModule
+from kiln.data.base import TensorDataModule
 from kiln.data.digits import DigitsDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
 from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
+from kiln.data.waveforms import WaveformsDataModule
 
 __all__ = [
     "BatchRandomAffine",
@@ -12,8 +13,9 @@ __all__ = [
     "DeviceLoader",
     "DigitsDataModule",
     "FashionMNISTDataModule",
-    "ImageDataModule",
     "MNISTDataModule",
     "SyntheticDataModule",
+    "TensorDataModule",
     "TorchvisionDataModule",
+    "WaveformsDataModule",
 ]

@@ -1,11 +1,14 @@
-"""Shared DataModule machinery: in-memory image tensors, seeded splits and DataLoader hygiene."""
+"""Shared DataModule machinery: in-memory tensors of any sample shape, seeded splits and DataLoader hygiene."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
@@ -13,7 +16,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, to_unit_float
+from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, stats_view, to_unit_float
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import ConfigError, DataError, HealthCheckError
 from kiln.stop_signals import ignore_in_worker
@@ -21,11 +24,12 @@ from kiln.stop_signals import ignore_in_worker
 Transform = Callable[[Tensor], Tensor]
 
 
-class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
-    """Images held as one ``N x C x H x W`` tensor (uint8 or float in [0, 1]).
+class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
+    """Samples held as one ``N x ...`` tensor (images ``N x C x H x W`` as uint8 or float in [0, 1],
+    signals ``N x C x L`` or ``N x L``, features ``N x F``), with their labels.
 
     Each item is converted to float, augmented (train only), then normalised, so augmentation
-    fills with true black and normalisation statistics stay those of the raw pixels. Given
+    fills with true black and normalisation statistics stay those of the raw values. Given
     ``(epoch, index)`` keys (see :class:`ResumableSampler`), the augmentation is seeded from
     ``(seed, epoch, index)`` of the item, or of a batch's first item when the DataLoader asks for a
     whole batch (``__getitems__``): the same augmentation in any worker, after any restart.
@@ -33,19 +37,19 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
 
     def __init__(
         self,
-        images: Tensor,
+        inputs: Tensor,
         labels: Tensor,
         mean: Sequence[float],
         std: Sequence[float],
         transform: Transform | None = None,
         seed: int = 0,
     ) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
+        if len(inputs) != len(labels):
+            raise ValueError(f"{len(inputs)} samples but {len(labels)} labels")
+        self.inputs = inputs
         self.labels = labels.long()
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+        self.mean = stats_view(mean, inputs.shape[1:], "mean")
+        self.std = stats_view(std, inputs.shape[1:], "std")
         self.transform = transform
         self.seed = seed
 
@@ -65,12 +69,12 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
         index = torch.tensor([i for _, i in pairs], dtype=torch.long)
         with torch.inference_mode():  # no autograd bookkeeping: per-sample transforms run ~20% faster
-            x = self._augmented(self.images[index], *pairs[0])
+            x = self._augmented(self.inputs[index], *pairs[0])
         # outside inference mode, so the batch is an ordinary tensor that autograd may save
         return (x - self.mean) / self.std, self.labels[index]
 
-    def _augmented(self, images: Tensor, epoch: int | None, first: int) -> Tensor:
-        x = to_unit_float(images)
+    def _augmented(self, inputs: Tensor, epoch: int | None, first: int) -> Tensor:
+        x = to_unit_float(inputs)
         if self.transform is None:
             return x
         generator = torch.default_generator  # what the transforms draw from; put back afterwards
@@ -78,10 +82,23 @@ class ImageTensorDataset(Dataset[tuple[Tensor, Tensor]]):
         if epoch is not None:
             generator.manual_seed(augmentation_seed(self.seed, epoch, first))
         try:
-            return torch.stack([self.transform(image) for image in x])
+            return torch.stack([self.transform(sample) for sample in x])
         finally:
             if state is not None:
                 generator.set_state(state)
+
+
+@contextmanager
+def global_rngs_kept() -> Iterator[None]:
+    """Put Python's, NumPy's and torch's global RNG states back afterwards: a dataset that reseeds
+    them while loading (many generators call ``np.random.seed``) leaves the run's seeding alone."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 def check_labels(labels: Tensor, num_classes: int, where: str) -> None:
@@ -109,17 +126,23 @@ def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
     return list(torch.split(order, sizes))
 
 
-class ImageDataModule(LightningDataModule):
-    """Base for image-classification data: subclasses fill ``train_set``/``val_set``/``test_set``.
+class TensorDataModule(LightningDataModule):
+    """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
+
+    What the data produces is declared here once, and the CLI links it into the model and the
+    network (``kiln.shapes``): ``num_classes``, ``input_shape`` (one sample's shape: ``(C, H, W)``
+    images, ``(C, L)`` signals, ``(F,)`` features), ``class_names`` and the normalisation
+    statistics. Health checks read the same declaration.
 
     Args:
         batch_size: Samples per training batch.
         eval_batch_size: Samples per validation/test/predict batch (defaults to ``batch_size``).
         num_workers: DataLoader worker processes; ``None`` picks one per spare CPU core.
         train_transforms: Augmentations for training only (e.g. torchvision ``v2`` transforms),
-            applied to float images in [0, 1]; ``None`` uses the dataset's default, ``[]`` none.
-        mean: Per-channel normalisation mean; ``None`` uses the dataset's statistics.
-        std: Per-channel normalisation std; ``None`` uses the dataset's statistics.
+            applied to float samples (images in [0, 1]); ``None`` uses the dataset's default, ``[]`` none.
+        mean: Normalisation mean: one value, or one per channel (per feature for 1-D samples);
+            ``None`` uses the dataset's statistics.
+        std: Normalisation std, given like ``mean``.
         on_device: Keep every split on the training device (as stored: uint8 for the torchvision
             sets) and slice, augment and normalise whole batches there: no DataLoader, no workers,
             no host-to-device copy per batch. For datasets that fit in device memory.
@@ -128,11 +151,15 @@ class ImageDataModule(LightningDataModule):
     """
 
     num_classes: int
-    in_channels: int
-    image_size: tuple[int, int]
-    default_mean: tuple[float, ...]
-    default_std: tuple[float, ...]
-    class_names: tuple[str, ...] | None = None  # shown in pictures; None: the class indices
+    input_shape: tuple[int, ...]  # one sample, without the batch dimension
+    default_mean: tuple[float, ...] = (0.0,)
+    default_std: tuple[float, ...] = (1.0,)
+    class_names: tuple[str, ...] | None = None  # shown in pictures and predictions; None: the class indices
+
+    @property
+    def in_channels(self) -> int | None:
+        """Channels of a sample with 2+ dimensions (``C`` of ``(C, H, W)`` or ``(C, L)``); ``None`` for 1-D samples."""
+        return self.input_shape[0] if len(self.input_shape) >= 2 else None
 
     def __init__(
         self,
@@ -163,9 +190,19 @@ class ImageDataModule(LightningDataModule):
         self._device_copies: dict[int, tuple[Tensor, Tensor]] = {}
         self._batches_seen: dict[tuple[str, int], int] = {}  # per (stage, epoch): names a bad batch
         self.resume_position: tuple[int, int] | None = None  # (epoch, samples done), set by ExactResume
-        self.train_set: ImageTensorDataset | None = None
-        self.val_set: ImageTensorDataset | None = None
-        self.test_set: ImageTensorDataset | None = None
+        self.train_set: InMemoryDataset | None = None
+        self.val_set: InMemoryDataset | None = None
+        self.test_set: InMemoryDataset | None = None
+
+    def load(self) -> None:
+        """Fill ``train_set``, ``val_set`` and ``test_set`` (with :meth:`make_dataset`); override per dataset."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load()")
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load once, leaving the global RNGs as they were (see :func:`global_rngs_kept`)."""
+        if self.train_set is None:
+            with global_rngs_kept():
+                self.load()
 
     def default_train_transforms(self) -> list[nn.Module]:
         """The augmentation used when ``train_transforms`` is ``None``; override per dataset."""
@@ -182,10 +219,15 @@ class ImageDataModule(LightningDataModule):
             return chosen[0] if chosen else None
         return nn.Sequential(*chosen)
 
-    def make_dataset(self, images: Tensor, labels: Tensor, train: bool) -> ImageTensorDataset:
+    def make_dataset(self, inputs: Tensor, labels: Tensor, train: bool) -> InMemoryDataset:
         """Wrap tensors with this module's normalisation (and augmentation when ``train``)."""
+        if tuple(inputs.shape[1:]) != tuple(self.input_shape):
+            raise DataError(
+                f"{type(self).__name__}: samples have shape {tuple(inputs.shape[1:])} but input_shape declares "
+                f"{tuple(self.input_shape)}; make them agree (a missing channel dimension: inputs.unsqueeze(1))"
+            )
         transform = self.train_transform() if train else None
-        return ImageTensorDataset(images, labels, self.mean, self.std, transform, seed=self.seed)
+        return InMemoryDataset(inputs, labels, self.mean, self.std, transform, seed=self.seed)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -238,21 +280,21 @@ class ImageDataModule(LightningDataModule):
         return batch
 
     def _device_loader(self, dataset: Dataset, sampler: ResumableSampler | None) -> DeviceLoader:
-        if not isinstance(dataset, ImageTensorDataset):
-            raise TypeError(f"on_device needs ImageTensorDataset splits, got {type(dataset).__name__}")
+        if not isinstance(dataset, InMemoryDataset):
+            raise TypeError(f"on_device needs InMemoryDataset splits, got {type(dataset).__name__}")
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if not self._device_copies:  # before the first copy: every split, or a clear error
             splits = [d for d in (self.train_set, self.val_set, self.test_set) if d is not None]
-            check_fits([t for d in splits for t in (d.images, d.labels)], device)
+            check_fits([t for d in splits for t in (d.inputs, d.labels)], device)
         if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
             check_labels(dataset.labels, self.num_classes, f"{type(self).__name__} data")  # on the host, once
-            self._device_copies[id(dataset)] = (dataset.images.to(device), dataset.labels.to(device))
-        images, labels = self._device_copies[id(dataset)]
+            self._device_copies[id(dataset)] = (dataset.inputs.to(device), dataset.labels.to(device))
+        inputs, labels = self._device_copies[id(dataset)]
         augment = None
         if sampler is not None:  # training
             augment = self.batch_augment if self.batch_augment is not None else self.default_batch_augment()
         return DeviceLoader(
-            images,
+            inputs,
             labels,
             self.batch_size if sampler is not None else self.eval_batch_size,
             self.mean,

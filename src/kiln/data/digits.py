@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torchvision.transforms import v2
 
-from kiln.data.base import ImageDataModule, seeded_split
+from kiln.data.base import TensorDataModule, seeded_split
 from kiln.data.on_device import BatchRandomAffine
 
 DIGITS_FILE = Path(__file__).with_name("digits.npz")
@@ -21,7 +21,7 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(arrays["images"]), torch.from_numpy(arrays["labels"]).long()
 
 
-class DigitsDataModule(ImageDataModule):
+class DigitsDataModule(TensorDataModule):
     """1,797 8x8 grey-scale digits (UCI optdigits, CC BY 4.0: ``digits.LICENSE.md``) in ``digits.npz``.
 
     Split into train/val/test by ``split_seed``, independent of the training seed, so every run
@@ -31,12 +31,11 @@ class DigitsDataModule(ImageDataModule):
         val_fraction: Share of the images used for validation.
         test_fraction: Share of the images held out for the final test.
         split_seed: Seed of the split permutation.
-        **kwargs: Loader and transform options of :class:`ImageDataModule`.
+        **kwargs: Loader and transform options of :class:`TensorDataModule`.
     """
 
     num_classes = 10
-    in_channels = 1
-    image_size = (8, 8)
+    input_shape = (1, 8, 8)
     default_mean = (0.3053,)
     default_std = (0.3760,)
 
@@ -63,9 +62,7 @@ class DigitsDataModule(ImageDataModule):
     def default_batch_augment(self) -> nn.Module:
         return BatchRandomAffine(degrees=10, translate=0.125)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
+    def load(self) -> None:
         images, labels = load_digits()
         images = images.float().div_(16).unsqueeze(1)  # values 0..16 -> [0, 1]
         train_fraction = 1 - self.val_fraction - self.test_fraction

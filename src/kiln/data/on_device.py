@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kiln.data.sampling import ResumableSampler
-from kiln.errors import DeviceMemoryError
+from kiln.errors import ConfigError, DeviceMemoryError
 
 
 def check_fits(tensors: Sequence[Tensor], device: torch.device, share: float = 0.5) -> None:
@@ -34,6 +34,21 @@ def check_fits(tensors: Sequence[Tensor], device: torch.device, share: float = 0
 def to_unit_float(images: Tensor) -> Tensor:
     """uint8 pixels to float in [0, 1]; float images as they are. Used per batch by both data paths."""
     return images.float().div_(255) if images.dtype == torch.uint8 else images.float()
+
+
+def stats_view(values: Sequence[float], sample_shape: Sequence[int], name: str) -> Tensor:
+    """Normalisation statistics shaped to broadcast over one sample: one value for all, one per
+    channel (dim 0 of a sample with 2+ dims), or one per feature of a 1-D sample. Used by both data paths."""
+    stats = torch.tensor(tuple(values), dtype=torch.float32)
+    if len(stats) == 1:
+        return stats.reshape(())
+    if len(sample_shape) and len(stats) == sample_shape[0]:
+        return stats.view(-1, *[1] * (len(sample_shape) - 1))
+    per = "channel" if len(sample_shape) > 1 else "feature"
+    raise ConfigError(
+        f"data.{name}: {len(stats)} values, but samples have shape {tuple(sample_shape)}: give 1 value, "
+        f"or one per {per} ({sample_shape[0] if len(sample_shape) else 1})"
+    )
 
 
 def augmentation_seed(seed: int, epoch: int, position: int) -> int:
@@ -66,6 +81,11 @@ class BatchRandomAffine(nn.Module):
         self.degrees, self.translate, self.flip, self.whole_pixels = degrees, translate, flip, whole_pixels
 
     def forward(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        if x.ndim != 4:
+            raise ConfigError(
+                f"data.batch_augment: BatchRandomAffine moves images (batch, channels, H, W), got a batch of shape "
+                f"{tuple(x.shape)}: set data.init_args.batch_augment to an augmentation for these samples"
+            )
         n, _, height, width = x.shape
         r = torch.rand(n, 4, generator=generator, device=x.device)
         angle = (2 * r[:, 0] - 1) * math.radians(self.degrees)
@@ -87,7 +107,7 @@ class BatchRandomAffine(nn.Module):
 
 
 class DeviceLoader:
-    """Batches sliced from image and label tensors that already live on the training device.
+    """Batches sliced from input and label tensors that already live on the training device.
 
     Stands in for a ``DataLoader`` (Lightning accepts any sized iterable and calls
     ``sampler.set_epoch`` through the ``sampler`` attribute). Images are kept as stored (uint8 for
@@ -96,11 +116,11 @@ class DeviceLoader:
     ``(seed, e, b)``, so a resumed run sees the same batches as an uninterrupted one.
 
     Args:
-        images: ``N x C x H x W`` images (uint8, or float in [0, 1]) on the device.
+        inputs: ``N x ...`` samples (images as uint8, or float) on the device.
         labels: ``N`` labels on the same device.
         batch_size: Samples per batch (the last batch may be smaller).
-        mean: Per-channel normalisation mean.
-        std: Per-channel normalisation std.
+        mean: Normalisation mean (one value, or one per channel or feature; see ``stats_view``).
+        std: Normalisation std, given like ``mean``.
         sampler: Training order (shuffled, split over ranks, resumable); ``None`` keeps dataset order.
         augment: Batch augmentation called as ``augment(images, generator)``; ``None`` for none.
         seed: Seed of the augmentation.
@@ -108,7 +128,7 @@ class DeviceLoader:
 
     def __init__(
         self,
-        images: Tensor,
+        inputs: Tensor,
         labels: Tensor,
         batch_size: int,
         mean: Sequence[float],
@@ -117,12 +137,12 @@ class DeviceLoader:
         augment: nn.Module | None = None,
         seed: int = 0,
     ) -> None:
-        self.images, self.labels, self.batch_size = images, labels.long(), batch_size
-        self.mean = torch.tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+        self.inputs, self.labels, self.batch_size = inputs, labels.long(), batch_size
+        self.mean = stats_view(mean, inputs.shape[1:], "mean").to(inputs.device)
+        self.std = stats_view(std, inputs.shape[1:], "std").to(inputs.device)
         self.sampler, self.augment, self.seed = sampler, augment, seed
         self.batch_sampler = None  # what Lightning looks for next to `sampler`
-        self.generator = torch.Generator(device=images.device)
+        self.generator = torch.Generator(device=inputs.device)
 
     def __len__(self) -> int:
         samples = len(self.sampler) if self.sampler is not None else len(self.labels)
@@ -131,16 +151,16 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         epoch, first_batch = 0, 0
         if self.sampler is None:
-            order = torch.arange(len(self.labels), device=self.images.device)
+            order = torch.arange(len(self.labels), device=self.inputs.device)
         else:
             skipped = self.sampler.skip  # consumed by iterating the sampler; batches stay aligned
             keys = list(self.sampler)
             epoch, first_batch = self.sampler.epoch, skipped // self.batch_size
-            order = torch.tensor([index for _, index in keys], dtype=torch.long).to(self.images.device)
+            order = torch.tensor([index for _, index in keys], dtype=torch.long).to(self.inputs.device)
         for number, start in enumerate(range(0, len(order), self.batch_size), start=first_batch):
             index = order[start : start + self.batch_size]
             with torch.inference_mode():  # not held across the yield: the training step needs autograd
-                x = to_unit_float(self.images[index])
+                x = to_unit_float(self.inputs[index])
                 if self.augment is not None:
                     self.generator.manual_seed(augmentation_seed(self.seed, epoch, number))
                     x = self.augment(x, self.generator)

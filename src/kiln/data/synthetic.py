@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from kiln.data.base import ImageDataModule
+from kiln.data.base import TensorDataModule
 
 
-class SyntheticDataModule(ImageDataModule):
+class SyntheticDataModule(TensorDataModule):
     """``num_samples`` random uint8 images (e.g. CIFAR-shaped 3x32x32) with random labels, made in memory.
 
     Args:
@@ -15,7 +15,7 @@ class SyntheticDataModule(ImageDataModule):
         channels: Image channels.
         size: Image height and width.
         num_classes: Number of label values.
-        **kwargs: Loader and transform options of :class:`ImageDataModule`.
+        **kwargs: Loader and transform options of :class:`TensorDataModule`.
     """
 
     default_mean = (0.5,)
@@ -26,19 +26,15 @@ class SyntheticDataModule(ImageDataModule):
     ) -> None:
         kwargs.setdefault("train_transforms", [])
         super().__init__(**kwargs)
-        self.num_samples, self.in_channels, self.num_classes = num_samples, channels, num_classes
-        self.image_size = (size, size)
-        if len(self.mean) == 1:  # one statistic for every channel
-            self.mean, self.std = self.mean * channels, self.std * channels
+        self.num_samples, self.num_classes = num_samples, num_classes
+        self.input_shape = (channels, size, size)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
+    def load(self) -> None:
         g = torch.Generator().manual_seed(0)
         n_eval = max(1, self.num_samples // 10)
         sets = []
         for n in (self.num_samples, n_eval, n_eval):
-            images = torch.randint(0, 256, (n, self.in_channels, *self.image_size), generator=g, dtype=torch.uint8)
+            images = torch.randint(0, 256, (n, *self.input_shape), generator=g, dtype=torch.uint8)
             sets.append((images, torch.randint(0, self.num_classes, (n,), generator=g)))
         self.train_set = self.make_dataset(*sets[0], train=True)
         self.val_set = self.make_dataset(*sets[1], train=False)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from kiln.data.base import ImageDataModule, seeded_split
+from kiln.data.base import TensorDataModule, seeded_split
 from kiln.data.on_device import BatchRandomAffine
 from kiln.errors import MissingDataError
 
@@ -22,7 +22,7 @@ _MNIST_FILES = (
 )
 
 
-class TorchvisionDataModule(ImageDataModule):
+class TorchvisionDataModule(TensorDataModule):
     """A torchvision classification dataset, decoded once into an in-memory uint8 tensor.
 
     Decoding once (instead of a PIL image per sample) keeps workers cheap and lets the whole set
@@ -34,7 +34,7 @@ class TorchvisionDataModule(ImageDataModule):
         download: Fetch missing files (needs network); offline, missing files are an error.
         val_fraction: Share of the official training set used for validation.
         split_seed: Seed of the train/val split.
-        **kwargs: Loader and transform options of :class:`ImageDataModule`.
+        **kwargs: Loader and transform options of :class:`TensorDataModule`.
     """
 
     dataset_class: ClassVar[type[datasets.VisionDataset]]
@@ -86,9 +86,7 @@ class TorchvisionDataModule(ImageDataModule):
         images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
         return images.contiguous(), torch.as_tensor(dataset.targets)
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
-            return
+    def load(self) -> None:
         self.prepare_data()  # a no-op when the files are there; covers use without a Trainer
         images, labels = self._load(train=True)
         train, val = seeded_split(len(labels), (1 - self.val_fraction, self.val_fraction), self.split_seed)
@@ -104,8 +102,7 @@ class MNISTDataModule(TorchvisionDataModule):
     folder = "MNIST/raw"
     files = _MNIST_FILES
     num_classes = 10
-    in_channels = 1
-    image_size = (28, 28)
+    input_shape = (1, 28, 28)
     default_mean = (0.1307,)
     default_std = (0.3081,)
 
@@ -147,8 +144,7 @@ class CIFAR10DataModule(TorchvisionDataModule):
         "batches.meta",
     )
     num_classes = 10
-    in_channels = 3
-    image_size = (32, 32)
+    input_shape = (3, 32, 32)
     default_mean = (0.4914, 0.4822, 0.4465)
     default_std = (0.2470, 0.2435, 0.2616)
     class_names = ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

@@ -1,6 +1,6 @@
 """LightningModules: loss, metrics, optimisation and logging around an injected network."""
 
-from kiln.models.classifier import ImageClassifier
+from kiln.models.classifier import Classifier
 from kiln.models.schedules import WarmupCosineLR
 
-__all__ = ["ImageClassifier", "WarmupCosineLR"]
+__all__ = ["Classifier", "WarmupCosineLR"]

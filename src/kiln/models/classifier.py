@@ -1,4 +1,4 @@
-"""Image classification around any injected ``nn.Module``."""
+"""Classification around any injected ``nn.Module``: images, signals, sequences or feature vectors."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -30,12 +31,12 @@ def _warmup_cosine(optimizer: torch.optim.Optimizer) -> WarmupCosineLR:
     return WarmupCosineLR(optimizer, warmup_fraction=0.05)
 
 
-class ImageClassifier(LightningModule):
+class Classifier(LightningModule):
     """Cross-entropy training, accuracy metrics and probability predictions for ``net``.
 
     Args:
-        net: The architecture (any ``nn.Module`` mapping images to ``num_classes`` logits).
-        num_classes: Number of classes; sizes the metrics.
+        net: The architecture (any ``nn.Module`` mapping a batch of inputs to ``num_classes`` logits).
+        num_classes: Number of classes; sizes the metrics. The CLI links it from the data.
         optimizer: Builds the optimizer from the parameters (``class_path`` in YAML).
         scheduler: Builds an LR scheduler from the optimizer; ``None`` keeps the LR constant.
         scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
@@ -44,7 +45,8 @@ class ImageClassifier(LightningModule):
             working); its parameter names do not change, so checkpoints load either way.
         compile_mode: ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``).
         channels_last: Keep weights and inputs in NHWC layout, faster for convolutions on GPUs
-            with tensor cores (use with ``bf16-mixed``/``16-mixed``).
+            with tensor cores (use with ``bf16-mixed``/``16-mixed``). Images only: for other
+            inputs it is left off, with one line saying so.
     """
 
     def __init__(
@@ -90,16 +92,19 @@ class ImageClassifier(LightningModule):
         self._loss_count = 0
 
     def setup(self, stage: str) -> None:
+        shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
+        if self.channels_last and shape is not None and len(shape) != 3:
+            rank_zero_info(f"model.channels_last: off, as samples of shape {tuple(shape)} are not images (C, H, W)")
+            self.channels_last = False
+            self.net.to(memory_format=torch.contiguous_format)
         # an input of the data's shape: the model summary then shows real FLOPs and in/out sizes
-        # (unless the net declares other channels: BatchSanityCheck then names the mismatch in one line)
-        data = getattr(self.trainer, "datamodule", None)
-        channels, size = getattr(data, "in_channels", None), getattr(data, "image_size", None)
-        if channels is None or size is None or getattr(self.net, "in_channels", channels) != channels:
+        # (not for a net that declares other channels: BatchSanityCheck names that mismatch in one line)
+        if shape is None or getattr(self.net, "in_channels", shape[0]) != shape[0]:
             return
         if self.hparams.get("compile"):  # the summary's forward would compile the net for a batch of one
             return
         if self.example_input_array is None:
-            self.example_input_array = torch.zeros(1, channels, *size)
+            self.example_input_array = torch.zeros(1, *shape)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.channels_last:

@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import LambdaLR
 class WarmupCosineLR(LambdaLR):
     """Linear warm-up from ~0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR.
 
-    Step it every optimizer step. With ``total_steps=None``, :class:`~kiln.models.ImageClassifier`
+    Step it every optimizer step. With ``total_steps=None``, :class:`~kiln.models.Classifier`
     calls :meth:`set_total_steps` with the Trainer's estimate, so the schedule follows
     ``max_epochs`` without editing YAML.
 

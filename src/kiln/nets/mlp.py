@@ -1,27 +1,34 @@
-"""A multi-layer perceptron on flattened images: no BatchNorm or dropout, so per-sample gradients add up exactly."""
+"""A multi-layer perceptron on flattened inputs: no BatchNorm or dropout, so per-sample gradients add up exactly."""
+
+import math
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
 
 class MLP(nn.Module):
-    """``depth`` hidden layers of ``hidden`` units with ReLU, on images of a fixed size.
+    """``depth`` hidden layers of ``hidden`` units with ReLU, on samples of any fixed shape (flattened).
 
-    Useful as a baseline and wherever batch-independent gradients matter (accumulation and DDP
-    equivalence checks), since nothing in it mixes samples of a batch.
+    Useful as a baseline, for feature vectors, and wherever batch-independent gradients matter
+    (accumulation and DDP equivalence checks), since nothing in it mixes samples of a batch.
+
+    Args:
+        input_shape: One sample's shape (the CLI links it from the data): ``(C, H, W)``, ``(L,)``, ``(F,)``.
+        num_classes: Output logits.
+        hidden: Units per hidden layer.
+        depth: Hidden layers.
     """
 
     def __init__(
         self,
-        in_channels: int = 1,
+        input_shape: Sequence[int] = (1, 8, 8),
         num_classes: int = 10,
-        image_size: tuple[int, int] = (8, 8),
         hidden: int = 128,
         depth: int = 2,
     ) -> None:
         super().__init__()
-        self.in_channels = in_channels
         layers: list[nn.Module] = [nn.Flatten()]
-        width = in_channels * image_size[0] * image_size[1]
+        width = math.prod(input_shape)
         for _ in range(depth):
             layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
             width = hidden

@@ -1,0 +1,126 @@
+"""The data declares its shapes once; the CLI links them into the model and its network.
+
+``num_classes``, ``in_channels`` and ``input_shape`` are read from the instantiated datamodule
+(``link_arguments(..., apply_on="instantiate")``), so experiment files never restate them. A
+value the user writes for one of them anyway is kept only when it agrees with the data.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+
+from kiln.config_errors import Source, import_class, skeleton, where_written
+from kiln.errors import ConfigError, KilnError, UsageError
+
+# (what the datamodule declares, the model or network argument it sets)
+LINKS: tuple[tuple[str, str], ...] = (
+    ("num_classes", "model.init_args.num_classes"),
+    ("num_classes", "model.init_args.net.init_args.num_classes"),
+    ("in_channels", "model.init_args.net.init_args.in_channels"),
+    ("input_shape", "model.init_args.net.init_args.input_shape"),
+)
+TARGETS = frozenset(target for _, target in LINKS)
+
+
+def takes(cls: Any, name: str) -> bool:
+    """Whether ``cls(...)`` accepts an argument ``name`` (by name or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _is_key(key: str) -> Callable[[str, Any], bool]:
+    """Matches a written setting that is ``key``, however it was spelt (with or without ``init_args``)."""
+    return lambda path, _: skeleton(path) == skeleton(key)
+
+
+def _same(a: Any, b: Any) -> bool:
+    as_list = lambda v: list(v) if isinstance(v, list | tuple) else v  # noqa: E731
+    return bool(as_list(a) == as_list(b))
+
+
+class DataLinks:
+    """Links the datamodule's declarations into the model; refuses user values that contradict them."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, tuple[str, Any]] = {}  # target -> (where the user wrote it, the value)
+        self.accepted: set[str] = set()  # targets that the chosen model and network classes take
+
+    def add_to(self, parser: LightningArgumentParser) -> None:
+        for attr, target in LINKS:
+            parser.link_arguments("data", target, compute_fn=self._link(attr, target), apply_on="instantiate")
+
+    def note(self, config: Namespace, settings: list[Source]) -> None:
+        """Before instantiation: which targets the chosen classes take, and which the user wrote."""
+        self.written.clear()
+        self.accepted.clear()
+        by_user = {skeleton(path) for source in settings for path, _ in source.entries}
+        for _, target in LINKS:
+            owner, name = target.rsplit(".init_args.", 1)
+            class_path = config.get(f"{owner}.class_path")
+            if not class_path or not takes(import_class(class_path), name):
+                continue
+            self.accepted.add(target)
+            if skeleton(target) in by_user and config.get(target) is not None:
+                where = where_written(settings, _is_key(target), target)
+                self.written[target] = (where, config.get(target))
+
+    def _link(self, attr: str, target: str) -> Callable[[Any], Any]:
+        def value(data: Any) -> Any:
+            declared = getattr(data, attr, None)
+            if target not in self.accepted:
+                return declared
+            name = type(data).__name__
+            where, given = self.written.get(target, (None, None))
+            if declared is None:
+                if given is not None:
+                    return given  # a datamodule that declares nothing: the user's value stands
+                if attr == "in_channels" and getattr(data, "input_shape", None) is not None:
+                    raise ConfigError(
+                        f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
+                        f"but the network takes in_channels: give the samples one (input_shape (1, "
+                        f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
+                        "1-D samples (kiln.nets.MLP)"
+                    )
+                raise ConfigError(f"{target}: {name} declares no {attr}; declare it in the datamodule")
+            if given is not None and not _same(given, declared):
+                raise UsageError(
+                    f"{where}: {given!r} contradicts the data: {name} has {attr} {declared!r}. "
+                    f"Drop the setting: the data sets it"
+                )
+            return declared
+
+        return value
+
+    def prune(self, hparams: MutableMapping[str, Any]) -> None:
+        """Drop linked values that the chosen class does not take from the model's hyper-parameters.
+
+        Lightning records every applied link there; one the class does not take (``input_shape``
+        for a convolutional net) would stop ``--ckpt_path`` from rebuilding the model.
+        """
+        for _, target in LINKS:
+            if target in self.accepted:
+                continue
+            *parents, name = target.removeprefix("model.init_args.").split(".")
+            node: Any = hparams
+            for key in parents:
+                node = node.get(key) if isinstance(node, MutableMapping) else None
+            if isinstance(node, MutableMapping):
+                node.pop(name, None)
+
+
+def unwrap(err: BaseException) -> KilnError | None:
+    """The kiln error raised inside a link's ``compute_fn`` (jsonargparse wraps it in a ValueError)."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, KilnError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
