@@ -52,3 +52,28 @@ def write_cifar10(folder: Path, n_per_batch: int, seed: int) -> None:
     meta = {"label_names": [f"class{i}" for i in range(10)]}
     with (folder / "batches.meta").open("wb") as f:
         pickle.dump(meta, f)
+
+
+def write_image_folder(root: Path, classes: int, per_class: int, size: int = 8) -> list[Path]:
+    """The bundled digits as grey PNG files in ``root/<digit name>/<n>.png`` (real images a net can learn)."""
+    from PIL import Image
+
+    from kiln.data.digits import load_digits
+
+    images, labels = load_digits()
+    names = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    written = []
+    for c in range(classes):
+        folder = root / names[c]
+        folder.mkdir(parents=True, exist_ok=True)
+        for n, i in enumerate((labels == c).nonzero().flatten()[:per_class].tolist()):
+            pixels = (images[i].numpy() * 255 / 16).round().astype(np.uint8)
+            Image.fromarray(pixels, mode="L").resize((size, size)).save(folder / f"{n:03d}.png")
+            written.append(folder / f"{n:03d}.png")
+    return written
+
+
+def truncate(path: Path) -> None:
+    """Cut a file in half, as an interrupted copy leaves it."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])

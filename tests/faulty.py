@@ -60,7 +60,7 @@ class LabelsOutOfRange(DigitsDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
-        assert self.train_set is not None
+        assert isinstance(self.train_set, InMemoryDataset)
         self.train_set.labels[::10] = self.num_classes
 
 
@@ -69,7 +69,7 @@ class ConstantLabels(DigitsDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
-        assert self.train_set is not None
+        assert isinstance(self.train_set, InMemoryDataset)
         self.train_set.labels[:] = 3
 
 

@@ -42,6 +42,7 @@ def test_training_writes_through_the_atomic_io() -> None:
     assert (checkpoints / "last.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask  # as any file written here
 
 
+@pytest.mark.slow
 def test_last_ckpt_is_always_the_newest_state_never_versioned_and_a_finished_rerun_does_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

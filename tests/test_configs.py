@@ -18,7 +18,8 @@ ALL_CONFIGS = sorted(CONFIGS.rglob("*.yaml"))
 NEEDS_GPU = {"trainer/gpu.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}
 # relaunches the command line, or needs a cluster's environment: tested in test_ddp_cpu_preset_runs_two_processes
 # and test_trainer_features.test_slurm_preset_takes_the_cluster_from_the_environment
-ELSEWHERE = {"trainer/ddp_cpu.yaml", "trainer/slurm.yaml"}
+# or reads the user's own files: tested in test_folder.test_the_folder_preset_runs
+ELSEWHERE = {"trainer/ddp_cpu.yaml", "trainer/slurm.yaml", "data/folder.yaml"}
 FAST = ["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]
 
 
@@ -75,7 +76,9 @@ def test_preset_runs_with_fast_dev_run(config: Path) -> None:  # GPU presets: al
 EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))  # a new file is smoke-run without a test edit
 
 
-@pytest.mark.parametrize("on_device", [False, True], ids=["loader", "on_device"])
+@pytest.mark.parametrize(
+    "on_device", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["loader", "on_device"]
+)  # on the device: every experiment in the full suite; digits and signals in test-fast too
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: p.stem)
 def test_experiment_runs_with_fast_dev_run(
     experiment: Path, on_device: bool, mnist_root: Path, cifar_root: Path

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
@@ -67,6 +68,33 @@ def test_resume_reproduces_the_uninterrupted_run(
     saved = torch.load(ckpt, weights_only=True)
     assert saved["global_step"] in (8, 12)  # epoch 1, batch 2 of 6; end of epoch 1
     resumed = build_cli([*run_args(workers), "--run.root", str(tmp_path), "--ckpt_path", str(ckpt)])
+    assert_bitwise_equal(final_state(resumed.trainer.default_root_dir), final_state(str(run_dir)))
+
+
+@pytest.fixture(scope="module", params=[0, 2], ids=["workers0", "workers2"])
+def folder_uninterrupted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, Path]:
+    """The same run on 300 digits read as PNG files, augmented per sample by a seeded RandomAffine."""
+    root = tmp_path_factory.mktemp(f"folder{request.param}")
+    write_image_folder(root / "images", classes=10, per_class=30)
+    config = root / "folder.yaml"
+    config.write_text(
+        f"data:\n  class_path: kiln.data.FolderDataModule\n  init_args:\n    root: {root / 'images'}\n"
+        "    image_size: 8\n    channels: 1\n    train_transforms:\n"
+        "      - class_path: torchvision.transforms.v2.RandomAffine\n"
+        "        init_args: {degrees: 10, translate: [0.125, 0.125]}\n"
+    )
+    args = ["fit", "-c", str(config), *run_args(request.param)[1:]]
+    cli = build_cli([*args, "--run.root", str(root / "runs")])
+    return args, Path(cli.trainer.default_root_dir)
+
+
+@pytest.mark.slow
+def test_resume_from_image_files_reproduces_the_uninterrupted_run(
+    folder_uninterrupted: tuple[list, Path], tmp_path: Path
+) -> None:
+    args, run_dir = folder_uninterrupted
+    ckpt = run_dir / "checkpoints" / "mid-step=8.ckpt"
+    resumed = build_cli([*args, "--run.root", str(tmp_path), "--ckpt_path", str(ckpt)])
     assert_bitwise_equal(final_state(resumed.trainer.default_root_dir), final_state(str(run_dir)))
 
 

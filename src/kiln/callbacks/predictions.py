@@ -12,7 +12,8 @@ from torch import Tensor
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per sample: dataset index, label (when the batch has one), predicted class, probabilities.
+    """One row per sample: dataset index, file path (for data read from files), label (when the batch
+    has one), predicted class index and name (when the data names its classes), probabilities.
 
     Rows are written batch by batch, so memory stays flat and DDP ranks each write their own file
     (``predictions.csv`` on rank 0, ``predictions-rank<N>.csv`` on the others).
@@ -30,6 +31,8 @@ class PredictionWriter(BasePredictionWriter):
         self._file: IO[str] | None = None
         self._writer: Any = None
         self._rows = 0  # rows written: the dataset index where Lightning knows none
+        self._paths: list[Any] | None = None  # the predicted dataset's files, if it reads files
+        self._names: list[str] | None = None  # class names, if the data declares them
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         folder = Path(self.output_dir or trainer.default_root_dir)
@@ -40,6 +43,10 @@ class PredictionWriter(BasePredictionWriter):
         self._file = self.path.open("w", newline="")
         self._writer = csv.writer(self._file)
         self._rows = 0
+        loaders = trainer.predict_dataloaders
+        self._paths = getattr(getattr(loaders, "dataset", None), "paths", None)
+        names = getattr(trainer.datamodule, "class_names", None)  # type: ignore[attr-defined]
+        self._names = list(names) if names else None
 
     def write_on_batch_end(
         self,
@@ -52,8 +59,11 @@ class PredictionWriter(BasePredictionWriter):
         dataloader_idx: int,
     ) -> None:
         probs: Tensor = prediction.float().cpu()
+        paths, names = self._paths, self._names
         if self._file is not None and self._file.tell() == 0:
-            self._writer.writerow(["index", "label", "predicted", *[f"p{c}" for c in range(probs.shape[1])]])
+            columns = [f"p_{name}" for name in names] if names else [f"p{c}" for c in range(probs.shape[1])]
+            path = ["path"] if paths is not None else []
+            self._writer.writerow(["index", *path, "label", "predicted", *(["class"] if names else []), *columns])
         n = len(probs)
         labels = batch[1].tolist() if isinstance(batch, (tuple, list)) and len(batch) > 1 else [""] * n
         # Lightning gives indices for DataLoaders only; prediction order is never shuffled, so the
@@ -62,7 +72,9 @@ class PredictionWriter(BasePredictionWriter):
         self._rows += n
         predicted = probs.argmax(dim=1).tolist()
         for index, label, pred, row in zip(indices, labels, predicted, probs.tolist(), strict=True):
-            self._writer.writerow([index, label, pred, *(f"{p:.6f}" for p in row)])
+            path = [str(paths[index])] if paths is not None else []
+            name = [names[pred]] if names else []
+            self._writer.writerow([index, *path, label, pred, *name, *(f"{p:.6f}" for p in row)])
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._file is not None:

@@ -2,6 +2,7 @@
 
 from kiln.data.base import TensorDataModule
 from kiln.data.digits import DigitsDataModule
+from kiln.data.folder import FolderDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
 from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
@@ -13,6 +14,7 @@ __all__ = [
     "DeviceLoader",
     "DigitsDataModule",
     "FashionMNISTDataModule",
+    "FolderDataModule",
     "MNISTDataModule",
     "SyntheticDataModule",
     "TensorDataModule",

@@ -24,54 +24,55 @@ from kiln.stop_signals import ignore_in_worker
 Transform = Callable[[Tensor], Tensor]
 
 
-class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
-    """Samples held as one ``N x ...`` tensor (images ``N x C x H x W`` as uint8 or float in [0, 1],
-    signals ``N x C x L`` or ``N x L``, features ``N x F``), with their labels.
+class SampleDataset(Dataset):
+    """Samples (and labels, or ``None`` for unlabelled data) with seeded augmentation and normalisation.
 
-    Each item is converted to float, augmented (train only), then normalised, so augmentation
-    fills with true black and normalisation statistics stay those of the raw values. Given
-    ``(epoch, index)`` keys (see :class:`ResumableSampler`), the augmentation is seeded from
-    ``(seed, epoch, index)`` of the item, or of a batch's first item when the DataLoader asks for a
-    whole batch (``__getitems__``): the same augmentation in any worker, after any restart.
+    Each batch is gathered by :meth:`_gather` (a tensor slice, or files decoded), converted to
+    float, augmented (train only), then normalised, so augmentation fills with true black and
+    normalisation statistics stay those of the raw values. Given ``(epoch, index)`` keys (see
+    :class:`ResumableSampler`), the augmentation is seeded from ``(seed, epoch, index)`` of the
+    item, or of a batch's first item when the DataLoader asks for a whole batch (``__getitems__``):
+    the same augmentation in any worker, after any restart.
     """
 
     def __init__(
         self,
-        inputs: Tensor,
-        labels: Tensor,
+        labels: Tensor | None,
+        sample_shape: Sequence[int],
         mean: Sequence[float],
         std: Sequence[float],
         transform: Transform | None = None,
         seed: int = 0,
     ) -> None:
-        if len(inputs) != len(labels):
-            raise ValueError(f"{len(inputs)} samples but {len(labels)} labels")
-        self.inputs = inputs
-        self.labels = labels.long()
-        self.mean = stats_view(mean, inputs.shape[1:], "mean")
-        self.std = stats_view(std, inputs.shape[1:], "std")
+        self.labels = labels.long() if labels is not None else None
+        self.mean = stats_view(mean, sample_shape, "mean")
+        self.std = stats_view(std, sample_shape, "std")
         self.transform = transform
         self.seed = seed
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.labels) if self.labels is not None else 0
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
+    def _gather(self, index: Tensor) -> Tensor:
+        """The raw samples at ``index``, stacked (uint8 images, or float)."""
+        raise NotImplementedError
+
+    def __getitem__(self, key: int | tuple[int, int]) -> Any:
         x, y = self._batch([key])
-        return x[0], y[0]
+        return x[0] if y is None else (x[0], y[0])
 
-    def __getitems__(self, keys: list[int | tuple[int, int]]) -> list[tuple[Tensor, Tensor]]:
+    def __getitems__(self, keys: list[int | tuple[int, int]]) -> list[Any]:
         """A whole batch in a few tensor operations: one gather, one seeding, one normalisation."""
         x, y = self._batch(keys)
-        return list(zip(x.unbind(0), y.unbind(0), strict=True))
+        return list(x.unbind(0)) if y is None else list(zip(x.unbind(0), y.unbind(0), strict=True))
 
-    def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor | None]:
         pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
         index = torch.tensor([i for _, i in pairs], dtype=torch.long)
         with torch.inference_mode():  # no autograd bookkeeping: per-sample transforms run ~20% faster
-            x = self._augmented(self.inputs[index], *pairs[0])
+            x = self._augmented(self._gather(index), *pairs[0])
         # outside inference mode, so the batch is an ordinary tensor that autograd may save
-        return (x - self.mean) / self.std, self.labels[index]
+        return (x - self.mean) / self.std, self.labels[index] if self.labels is not None else None
 
     def _augmented(self, inputs: Tensor, epoch: int | None, first: int) -> Tensor:
         x = to_unit_float(inputs)
@@ -86,6 +87,29 @@ class InMemoryDataset(Dataset[tuple[Tensor, Tensor]]):
         finally:
             if state is not None:
                 generator.set_state(state)
+
+
+class InMemoryDataset(SampleDataset):
+    """Samples held as one ``N x ...`` tensor (images ``N x C x H x W`` as uint8 or float in [0, 1],
+    signals ``N x C x L`` or ``N x L``, features ``N x F``), with their labels."""
+
+    def __init__(
+        self,
+        inputs: Tensor,
+        labels: Tensor,
+        mean: Sequence[float],
+        std: Sequence[float],
+        transform: Transform | None = None,
+        seed: int = 0,
+    ) -> None:
+        if len(inputs) != len(labels):
+            raise ValueError(f"{len(inputs)} samples but {len(labels)} labels")
+        super().__init__(labels, inputs.shape[1:], mean, std, transform, seed)
+        self.inputs = inputs
+        self.labels: Tensor = labels.long()
+
+    def _gather(self, index: Tensor) -> Tensor:
+        return self.inputs[index]
 
 
 @contextmanager
@@ -190,9 +214,9 @@ class TensorDataModule(LightningDataModule):
         self._device_copies: dict[int, tuple[Tensor, Tensor]] = {}
         self._batches_seen: dict[tuple[str, int], int] = {}  # per (stage, epoch): names a bad batch
         self.resume_position: tuple[int, int] | None = None  # (epoch, samples done), set by ExactResume
-        self.train_set: InMemoryDataset | None = None
-        self.val_set: InMemoryDataset | None = None
-        self.test_set: InMemoryDataset | None = None
+        self.train_set: SampleDataset | None = None
+        self.val_set: SampleDataset | None = None
+        self.test_set: SampleDataset | None = None
 
     def load(self) -> None:
         """Fill ``train_set``, ``val_set`` and ``test_set`` (with :meth:`make_dataset`); override per dataset."""
@@ -281,10 +305,13 @@ class TensorDataModule(LightningDataModule):
 
     def _device_loader(self, dataset: Dataset, sampler: ResumableSampler | None) -> DeviceLoader:
         if not isinstance(dataset, InMemoryDataset):
-            raise TypeError(f"on_device needs InMemoryDataset splits, got {type(dataset).__name__}")
+            raise ConfigError(
+                f"data.on_device: {type(self).__name__} reads {type(dataset).__name__} samples, not tensors in memory: "
+                "set data.init_args.cache=true to decode them once into memory, or on_device=false"
+            )
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if not self._device_copies:  # before the first copy: every split, or a clear error
-            splits = [d for d in (self.train_set, self.val_set, self.test_set) if d is not None]
+            splits = [d for d in (self.train_set, self.val_set, self.test_set) if isinstance(d, InMemoryDataset)]
             check_fits([t for d in splits for t in (d.inputs, d.labels)], device)
         if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
             check_labels(dataset.labels, self.num_classes, f"{type(self).__name__} data")  # on the host, once
