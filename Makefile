@@ -21,7 +21,7 @@ help: ## Show this list of targets
 
 install: ## Install uv if missing, then the locked environment (.venv) and, in a git repo, the pre-commit hooks
 	@$(UV) --version >/dev/null 2>&1 || python3 -m pip install --quiet --user uv==$(UV_VERSION) 2>/dev/null || python3 -m pip install --quiet uv==$(UV_VERSION)
-	$(UV) sync --locked --compile-bytecode  # precompiled .pyc: start-up without recompiling torch and lightning
+	$(UV) sync --locked --all-extras --compile-bytecode  # every extra (HF datasets, LitData); precompiled .pyc: fast start-up
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
 	@echo "ready: make train, make test-fast; the CLI is .venv/bin/kiln (or \`source .venv/bin/activate\`, then kiln)"
 

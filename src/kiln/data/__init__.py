@@ -3,6 +3,7 @@
 from kiln.data.base import TensorDataModule
 from kiln.data.digits import DigitsDataModule
 from kiln.data.folder import FolderDataModule
+from kiln.data.hf import HFDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
 from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
@@ -15,6 +16,7 @@ __all__ = [
     "DigitsDataModule",
     "FashionMNISTDataModule",
     "FolderDataModule",
+    "HFDataModule",
     "MNISTDataModule",
     "SyntheticDataModule",
     "TensorDataModule",

@@ -150,6 +150,25 @@ def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
     return list(torch.split(order, sizes))
 
 
+def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[list[int]]:
+    """Indices split so each class keeps the same ``fractions`` in every part; the rest comes first.
+
+    Same seed, same split: the order within each class is a seeded permutation.
+    """
+    g = torch.Generator().manual_seed(seed)
+    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
+    for c in sorted(set(labels)):
+        members = [i for i, label in enumerate(labels) if label == c]
+        order = [members[i] for i in torch.randperm(len(members), generator=g).tolist()]
+        start = 0
+        for part, fraction in enumerate(fractions, start=1):
+            count = round(fraction * len(members))
+            parts[part] += order[start : start + count]
+            start += count
+        parts[0] += order[start:]
+    return parts
+
+
 class TensorDataModule(LightningDataModule):
     """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
 

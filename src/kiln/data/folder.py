@@ -18,7 +18,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from kiln.data.base import SampleDataset, TensorDataModule
+from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
 from kiln.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")
@@ -27,22 +27,27 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 Files = list[tuple[Path, int]]  # (image file, class index)
 
 
-def decode(path: Path, channels: int, size: tuple[int, int]) -> Tensor:
-    """One image as uint8 ``(channels, *size)``; a file that does not decode raises ``DataError`` naming it.
+def pixels(image: Image.Image, channels: int, size: tuple[int, int]) -> Tensor:
+    """A Pillow image as uint8 ``(channels, *size)``: converted, and resized (antialiased when shrinking)."""
+    image = image.convert("RGB" if channels == 3 else "L")
+    if image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    array = torch.from_numpy(np.asarray(image).copy())
+    return array.unsqueeze(0) if array.ndim == 2 else array.permute(2, 0, 1).contiguous()
 
-    Pillow decodes (torchvision's own image decoding is deprecated since 0.29) and, resizing
-    down, averages over the pixels it drops (antialiasing).
+
+def decode(path: Path, channels: int, size: tuple[int, int]) -> Tensor:
+    """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it.
+
+    Pillow decodes (torchvision's own image decoding is deprecated since 0.29).
     """
     try:
         with Image.open(path) as image:
-            converted = image.convert("RGB" if channels == 3 else "L")  # decodes the whole file
+            image.load()  # the whole file: a truncated one fails here
+            return pixels(image, channels, size)
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"{path}: unreadable or truncated image ({reason})") from None
-    if converted.size != (size[1], size[0]):
-        converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    pixels = torch.from_numpy(np.asarray(converted).copy())
-    return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1).contiguous()
 
 
 @rank_zero_only
@@ -174,19 +179,8 @@ class FolderDataModule(TensorDataModule):
         return {"all": [(listing.parent / path, self.class_names.index(label)) for path, label in rows]}
 
     def _split(self, files: Files, fractions: Sequence[float]) -> list[Files]:
-        """Seeded and stratified: each class's files split by the same ``fractions``; the rest comes first."""
-        g = torch.Generator().manual_seed(self.split_seed)
-        out: list[Files] = [[] for _ in range(len(fractions) + 1)]
-        for c in range(self.num_classes):
-            members = [item for item in files if item[1] == c]
-            order = torch.randperm(len(members), generator=g).tolist()
-            start = 0
-            for part, fraction in enumerate(fractions, start=1):
-                count = round(fraction * len(members))
-                out[part] += [members[i] for i in order[start : start + count]]
-                start += count
-            out[0] += [members[i] for i in order[start:]]
-        return out
+        parts = stratified_split([c for _, c in files], fractions, self.split_seed)
+        return [[files[i] for i in part] for part in parts]
 
     def _splits(self) -> dict[str, Files]:
         """train/val/test as the folders give them, else split here; a missing test/ is held out of train/."""
