@@ -117,3 +117,17 @@ class RecordLabels(Callback):
 
 class TeamWandb(WandbLogger):
     """A user's subclass of Lightning's W&B logger (a team's defaults): kiln must treat it as W&B."""
+
+
+class RecordInputs(Callback):
+    """Writes a fingerprint of every training sample this rank saw to ``<folder>/inputs-rank<N>.json``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: list[float] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.seen += batch[0].flatten(1).sum(1).double().round(decimals=4).tolist()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        (self.folder / f"inputs-rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))

@@ -18,8 +18,8 @@ ALL_CONFIGS = sorted(CONFIGS.rglob("*.yaml"))
 NEEDS_GPU = {"trainer/gpu.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}
 # relaunches the command line, or needs a cluster's environment: tested in test_ddp_cpu_preset_runs_two_processes
 # and test_trainer_features.test_slurm_preset_takes_the_cluster_from_the_environment
-# or reads the user's own files: tested in test_folder.test_the_folder_preset_runs
-ELSEWHERE = {"trainer/ddp_cpu.yaml", "trainer/slurm.yaml", "data/folder.yaml"}
+# or reads the user's own files: tested in test_folder.test_the_folder_preset_runs and test_streaming
+ELSEWHERE = {"trainer/ddp_cpu.yaml", "trainer/slurm.yaml", "data/folder.yaml", "data/streaming.yaml"}
 FAST = ["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]
 
 

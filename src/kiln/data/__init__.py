@@ -5,6 +5,7 @@ from kiln.data.digits import DigitsDataModule
 from kiln.data.folder import FolderDataModule
 from kiln.data.hf import HFDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
+from kiln.data.streaming import StreamingDataModule
 from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
 from kiln.data.waveforms import WaveformsDataModule
@@ -18,6 +19,7 @@ __all__ = [
     "FolderDataModule",
     "HFDataModule",
     "MNISTDataModule",
+    "StreamingDataModule",
     "SyntheticDataModule",
     "TensorDataModule",
     "TorchvisionDataModule",

@@ -57,6 +57,10 @@ class SampleDataset(Dataset):
         """The raw samples at ``index``, stacked (uint8 images, or float)."""
         raise NotImplementedError
 
+    def raw(self, i: int) -> tuple[Tensor, int]:
+        """Sample ``i`` as stored (before augmentation and normalisation) and its label (-1: none)."""
+        return self._gather(torch.tensor([i]))[0], int(self.labels[i]) if self.labels is not None else -1
+
     def __getitem__(self, key: int | tuple[int, int]) -> Any:
         x, y = self._batch([key])
         return x[0] if y is None else (x[0], y[0])
@@ -221,9 +225,9 @@ class TensorDataModule(LightningDataModule):
                 "data.train_transforms run per sample in the DataLoader path and do not apply with "
                 "data.on_device=true: set data.batch_augment (e.g. kiln.data.BatchRandomAffine) instead"
             )
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = default_num_workers() if num_workers is None else num_workers
+        self.batch_size = int(batch_size)  # plain ints: checkpoints (a streaming loader's state) load safely
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
         self.train_transforms = train_transforms
         self.seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set: shuffling and augmentation follow it
         self.mean = tuple(mean) if mean is not None else self.default_mean
