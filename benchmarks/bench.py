@@ -28,9 +28,16 @@ ROOT = HERE.parent
 
 # workload -> (template CLI arguments, epochs); the raw loop mirrors the same settings
 # (the ResNet's width is set: a class_path switch keeps init_args the new class accepts, like SmallCNN's 32)
-RESNET = ["--model.init_args.net", "kiln.nets.ResNet", "--model.init_args.net.init_args.in_channels", "3",
-          "--model.init_args.net.init_args.width", "16", "--data", "kiln.data.SyntheticDataModule",
-          "--data.num_workers", "0"]  # fmt: skip
+RESNET = [
+    "--model.init_args.net",
+    "kiln.nets.ResNet",
+    "--model.init_args.net.init_args.width",
+    "16",
+    "--data",
+    "kiln.data.SyntheticDataModule",
+    "--data.num_workers",
+    "0",
+]  # fmt: skip (channels: from the data)
 CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512", "--trainer.accelerator", "gpu",
              "--data.num_workers", "4"]  # fmt: skip
 WORKLOADS: dict[str, tuple[list[str], int]] = {
