@@ -80,6 +80,7 @@ def test_a_truncated_file_and_an_empty_class_are_named_one_line_each_and_nothing
     assert not any((cwd / "runs").rglob("*.ckpt")) and not any((cwd / "runs" / "digits").glob("*"))
 
 
+@pytest.mark.slow
 def test_skip_mode_trains_on_the_rest_and_says_how_many_were_left_out(
     pngs: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -121,8 +122,17 @@ def test_bad_layouts_are_one_line() -> None:
         FolderDataModule()
 
 
+@pytest.mark.slow
 def test_the_folder_preset_runs(pngs: Path) -> None:
     preset = ["-c", str(CONFIGS / "data" / "folder.yaml"), "-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]
     cli = build_cli(["fit", *preset, "--data.init_args.root", str(pngs), "--data.init_args.num_workers", "0"])
     assert cli.trainer.global_step == 1 and cli.model.net.in_channels == 3 and cli.model.num_classes == 3
     assert Path(cli.trainer.default_root_dir).parent.name == "folder"
+
+
+@pytest.mark.slow
+def test_cached_images_take_the_on_device_path(pngs: Path) -> None:
+    cli = build_cli(["fit", *folder_args(pngs, "--data.cache", "true", "--data.on_device", "true"),
+                     "--trainer.fast_dev_run", "true"])  # fmt: skip
+    assert cli.trainer.global_step == 1 and isinstance(cli.datamodule.train_set, InMemoryDataset)
+    assert type(cli.datamodule.train_dataloader()).__name__ == "DeviceLoader"

@@ -26,6 +26,7 @@ def digit_rows(n: int) -> dict[str, list]:
     return {"image": pictures, "label": [int(labels[i]) for i in keep]}
 
 
+@pytest.mark.slow
 def test_a_saved_image_dataset_trains_with_names_from_its_class_label(tmp_path: Path) -> None:
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=DIGIT_NAMES)})
     datasets.Dataset.from_dict(digit_rows(90), features=features).save_to_disk(str(tmp_path / "saved"))
@@ -59,3 +60,17 @@ def test_a_missing_column_names_the_columns_there_are(tmp_path: Path) -> None:
     datasets.Dataset.from_dict({"pixels": [[0.0, 1.0]] * 4, "label": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "d"))
     with pytest.raises(DataError, match=r"no column 'image' \(columns: pixels, label\); set data.init_args.input_co"):
         HFDataModule(path=tmp_path / "d")
+
+
+def test_a_dataset_by_name_goes_through_load_dataset_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    signals, labels = waveforms(40, 16, 0.1, seed=1)
+    folder = tmp_path / "my-dataset"
+    folder.mkdir()
+    datasets.Dataset.from_dict({"x": signals.tolist(), "label": labels.tolist()}).to_parquet(
+        str(folder / "train.parquet")
+    )
+    data = HFDataModule(name=str(folder), input_column="x", num_workers=0)
+    data.setup()
+    assert data.num_classes == 4 and data.input_shape == (16,) and len(data.train_set) == 32  # type: ignore[arg-type]

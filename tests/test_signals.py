@@ -32,7 +32,14 @@ def test_the_waveforms_example_reaches_its_stated_accuracy_with_every_default_ca
 
 @pytest.mark.parametrize(
     ("extra", "shape"),
-    [([], (1, 64)), (["--data.init_args.channel", "false", "--model.init_args.net", "kiln.nets.MLP"], (64,))],
+    [
+        ([], (1, 64)),
+        pytest.param(
+            ["--data.init_args.channel", "false", "--model.init_args.net", "kiln.nets.MLP"],
+            (64,),
+            marks=pytest.mark.slow,
+        ),
+    ],
     ids=["signals", "sequences"],
 )
 def test_one_dimensional_samples_train_and_are_drawn_as_line_plots(extra: list[str], shape: tuple[int, ...]) -> None:
@@ -55,6 +62,7 @@ def test_signals_on_the_device_path_keep_their_shape_and_values() -> None:
     assert torch.equal(x_loader, x_device) and torch.equal(y_loader, y_device)
 
 
+@pytest.mark.slow
 def test_image_only_settings_on_signals_say_so_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"BatchRandomAffine moves images .* got a batch of shape \(4, 1, 64\)"):
         BatchRandomAffine(degrees=10)(torch.zeros(4, 1, 64))

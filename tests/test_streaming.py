@@ -35,6 +35,7 @@ def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert(WaveformsDataModule(num_samples=300, num_workers=0), root / "waveforms", chunk_bytes="16KB")
 
 
+@pytest.mark.slow
 def test_converted_chunks_declare_the_data_and_train(chunks: Path) -> None:
     meta = json.loads((chunks / "kiln.json").read_text())
     assert meta["num_classes"] == 4 and meta["input_shape"] == [1, 64] and meta["class_names"][0] == "sine"
