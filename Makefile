@@ -10,10 +10,11 @@ TRAINER ?=
 LOGGER ?=
 DEBUG ?=
 ARGS ?=
+SWEEP ?= digits
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install train test test-fast test-gpu lint format typecheck notebook bench clean
+.PHONY: help install train sweep test test-fast test-gpu lint format typecheck notebook bench clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -27,6 +28,9 @@ install: ## Install uv if missing, then the locked environment (.venv) and, in a
 
 train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)
 	$(UV) run --no-sync kiln fit $(PRESETS) $(ARGS)
+
+sweep: ## Hyper-parameter sweep of configs/sweep/$(SWEEP).yaml (rerun to continue it; ARGS='--report' for the table only)
+	$(UV) run --no-sync kiln sweep -c configs/sweep/$(SWEEP).yaml $(ARGS)
 
 test: ## Run the whole test suite, as CI does (GPU tests skip without CUDA)
 	$(UV) run --no-sync pytest

@@ -66,12 +66,17 @@ class SignalAtStep(Callback):
     """Sends a real signal after optimizer step ``step``, once (a marker file remembers): to this process,
     or with ``group`` to its whole process group, DataLoader workers included, as SLURM and systemd do."""
 
-    def __init__(self, step: int, marker: str, name: str = "SIGTERM", group: bool = False) -> None:
+    def __init__(
+        self, step: int, marker: str, name: str = "SIGTERM", group: bool = False, only_in: str | None = None
+    ) -> None:
         self.step, self.marker, self.signal, self.group = step, Path(marker), signal.Signals[name], group
+        self.only_in = only_in  # fire only in a run whose folder path holds this (one trial of a sweep)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
+        if self.only_in is not None and self.only_in not in str(trainer.default_root_dir):
+            return
         if trainer.global_step == self.step and not self.marker.exists():
             self.marker.touch()
             if self.group:  # from another process, as SLURM's: workers die at once if not their parent's

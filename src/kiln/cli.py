@@ -358,7 +358,13 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
 def main(args: ArgsType = None) -> None:
     """Console entry point: user errors become one line on stderr and exit code 1."""
     stop_signals.install()
+    argv = sys.argv[1:] if args is None else [str(a) for a in args] if isinstance(args, list) else []
     try:
+        if argv[:1] == ["sweep"]:  # many `fit` runs, driven by Optuna (kiln.sweep)
+            from kiln.sweep.driver import sweep_command
+
+            sweep_command(argv[1:])
+            return
         build_cli(args)
     except AlreadyFinished as done:
         print(done, file=sys.stderr)

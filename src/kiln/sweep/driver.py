@@ -1,0 +1,210 @@
+"""``kiln sweep -c configs/sweep/<name>.yaml``: ask Optuna, run each trial as ``kiln fit``, tell the result.
+
+Trials run in this process (``build_cli``), one after another: a new process per trial would pay
+the ~5 s start-up (imports) each time, against a target of 1 s overhead per trial. Every trial is
+a complete ``kiln fit`` with its own run folder, so presets, health checks and resume apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln import runs
+from kiln.errors import KilnError, UsageError
+from kiln.sweep import reporting
+from kiln.sweep.report import report
+from kiln.sweep.space import Sweep, flags, read_sweep
+
+
+def _owner() -> str:
+    """Who runs a trial: a SLURM array task (the same after a requeue, on any node), else host and pid."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if job:
+        return f"slurm:{job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+OWNER = _owner()
+
+
+def storage_for(sweep_dir: Path, given: str | None) -> Any:
+    """SQLite in the sweep folder by default; any Optuna URL; a ``.log``/``.journal`` file as a journal."""
+    import optuna
+
+    if given is None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+    if given.endswith((".log", ".journal")):  # a shared filesystem without a database server
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(given))
+    return given
+
+
+def open_study(sweep: Sweep, storage: Any) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own one line per trial
+    sampler = (optuna.samplers.TPESampler if sweep.sampler == "tpe" else optuna.samplers.RandomSampler)(seed=sweep.seed)
+    pruner = (
+        optuna.pruners.MedianPruner(
+            n_startup_trials=sweep.pruner_startup_trials, n_warmup_steps=sweep.pruner_warmup_epochs
+        )
+        if sweep.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
+    return optuna.create_study(
+        study_name=sweep.name, storage=storage, direction=sweep.direction, sampler=sampler, pruner=pruner,
+        load_if_exists=True,
+    )  # fmt: skip
+
+
+def _alive(owner: str) -> bool:
+    if owner.startswith("slurm:"):
+        return owner != OWNER  # our own task's earlier run (requeued): gone; another task's: running
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's worker: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def _orphans(study: Any) -> list[Any]:
+    """Trials left RUNNING by a driver of this machine that is gone (killed, preempted): to resume."""
+    from optuna.trial import TrialState
+
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not _alive(t.user_attrs.get("owner", ""))
+    ]
+
+
+def _best(values: dict[int, float], direction: str) -> float | None:
+    return (min if direction == "minimize" else max)(values.values()) if values else None
+
+
+def run_trial(study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: bool = False) -> str:
+    """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+    from optuna.trial import TrialState
+
+    from kiln.callbacks.resume import Preempted
+    from kiln.cli import AlreadyFinished, build_cli
+
+    trial.set_user_attr("owner", OWNER)
+    values = {param.key: param.suggest(trial) for param in sweep.space}
+    name = f"trial-{trial.number:04d}"
+    trial.set_user_attr("run", str(sweep_dir / name))
+    args = ["fit", *sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
+            "--run.test_after_fit=false", "--trainer.callbacks+=kiln.sweep.reporting.TrialReporter",
+            f"--trainer.callbacks.metric={sweep.metric}", *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
+    reporting.current = trial
+    os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
+    command, sys.argv[1:] = sys.argv[1:], []  # the trial's arguments are `args`, not the sweep's
+    started = time.monotonic()
+    pruned = False
+    try:
+        cli = build_cli(args)
+        pruned = any(getattr(c, "pruned", False) for c in cli.trainer.callbacks)  # type: ignore[attr-defined]
+    except AlreadyFinished:
+        pass  # trained before the last driver stopped: its reported values stand
+    except (SIGTERMException, Preempted):
+        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
+        raise
+    except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on
+        runs.remove_failed_run()
+        line = str(err).splitlines()[0] if str(err) else ""
+        message = line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}"
+        trial.set_user_attr("error", message)
+        study.tell(trial, state=TrialState.FAIL)
+        print(f"{name}: FAIL: {message}", file=sys.stderr)
+        return "FAIL"
+    finally:
+        reporting.current = None
+        os.environ.pop("WANDB_RUN_GROUP", None)
+        sys.argv[1:] = command
+    trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
+    reported = study.get_trials(deepcopy=False)[trial.number].intermediate_values
+    if pruned:
+        study.tell(trial, state=TrialState.PRUNED)
+        print(
+            f"{name}: pruned after epoch {max(reported)} ({sweep.metric} {reported[max(reported)]:.4f})",
+            file=sys.stderr,
+        )
+        return "PRUNED"
+    best = _best(reported, sweep.direction)
+    if best is None:
+        trial.set_user_attr("error", f"{sweep.metric} was never logged in validation")
+        study.tell(trial, state=TrialState.FAIL)
+        print(f"{name}: FAIL: {sweep.metric} was never logged in validation", file=sys.stderr)
+        return "FAIL"
+    study.tell(trial, best)
+    shown = ", ".join(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float)
+                      else f"{key.rsplit('.', 1)[-1]}={value}" for key, value in values.items())  # fmt: skip
+    print(f"{name}: {sweep.metric} {best:.4f} ({shown})", file=sys.stderr)
+    return "COMPLETE"
+
+
+def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
+    """Run trials until the study holds ``n_trials`` (any state), resuming orphaned ones first."""
+    import optuna
+    from optuna.trial import TrialState
+
+    sweep_dir = root / sweep.name
+    study = open_study(sweep, storage_for(sweep_dir, storage))
+    for orphan in _orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
+        print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
+        run_trial(study, optuna.trial.Trial(study, orphan._trial_id), sweep, sweep_dir, resume=True)
+    if not study.get_trials(deepcopy=False):
+        for values in sweep.enqueue:  # first, the settings the sweep file names
+            study.enqueue_trial(values)
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    while len(study.get_trials(deepcopy=False, states=counted)) < sweep.n_trials:
+        trial = study.ask()
+        if trial.number >= sweep.n_trials:  # another worker took the last one meanwhile
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        run_trial(study, trial, sweep, sweep_dir)
+    return study
+
+
+def sweep_command(args: list[str]) -> None:
+    """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report] [-- kiln fit arguments for every trial]``."""
+    parser = argparse.ArgumentParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
+    parser.add_argument("-c", "--config", required=True, help="the sweep file (configs/sweep/<name>.yaml)")
+    parser.add_argument(
+        "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"
+    )
+    parser.add_argument("--root", default="runs/sweeps", help="where sweep folders go")
+    parser.add_argument(
+        "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
+    )
+    extra = args[args.index("--") + 1 :] if "--" in args else []  # e.g. -- -c configs/trainer/gpu.yaml
+    args = args[: args.index("--")] if "--" in args else args
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as stop:
+        if stop.code:
+            raise UsageError("kiln sweep: see `kiln sweep --help`") from None
+        raise
+    sweep = read_sweep(options.config)
+    sweep.args += extra
+    root = Path(options.root)
+    if options.report:
+        study = open_study(sweep, storage_for(root / sweep.name, options.storage))
+    else:
+        study = run_sweep(sweep, root, options.storage)
+    report(study, sweep, root / sweep.name)

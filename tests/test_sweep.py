@@ -1,0 +1,142 @@
+"""Sweeps: trials are real `kiln fit` runs in an Optuna study that survives failures and resumes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from helpers import CONFIGS, LIMIT
+
+from kiln.cli import build_cli, main
+from kiln.errors import UsageError
+from kiln.sweep.space import read_sweep
+
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+LR = "model.init_args.optimizer.init_args.lr"
+WIDTH = "model.init_args.net.init_args.width"
+
+
+def sweep_file(tmp_path: Path, name: str = "tiny", **extra: object) -> Path:
+    spec = {
+        "name": name,
+        "n_trials": 4,
+        "pruner": "none",
+        "args": [*LIMIT, *QUIET],
+        "space": {
+            LR: {"low": 1.0e-3, "high": 1.0e-2, "log": True},
+            "model.init_args.net.init_args.width": {"choices": [8, 16]},
+        },
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def study(tmp_path: Path, name: str = "tiny") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'runs' / 'sweeps' / name / 'study.db'}")
+
+
+def states(s: optuna.Study) -> list[str]:
+    return [t.state.name for t in s.get_trials()]
+
+
+@pytest.mark.slow
+def test_a_sweep_completes_its_trials_and_best_yaml_reproduces_the_best(tmp_path: Path) -> None:
+    main(["sweep", "-c", str(sweep_file(tmp_path)), "--root", str(tmp_path / "runs" / "sweeps")])
+    done = study(tmp_path)
+    assert states(done) == ["COMPLETE"] * 4
+    folder = tmp_path / "runs" / "sweeps" / "tiny"
+    assert {p.name for p in folder.iterdir()} >= {"study.db", "best.yaml", "history.png", "importance.png"}
+    assert sorted(p.name for p in folder.glob("trial-*")) == [f"trial-{n:04d}" for n in range(4)]
+    rerun = build_cli(["fit", "-c", str(folder / "best.yaml")])  # its own run folder, not the trial's
+    assert rerun.trainer.checkpoint_callback.best_model_score.item() == done.best_value  # type: ignore[union-attr]
+    assert "runs/tiny-best" in str(rerun.trainer.default_root_dir)
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tmp_path: Path) -> None:
+    planted = [{LR: 3e-3, "model.init_args.net.init_args.width": 16}] * 2 + [
+        {LR: 1e6, "model.init_args.net.init_args.width": 16},  # diverges: the non-finite guard stops it
+        {LR: 1e-7, "model.init_args.net.init_args.width": 16},  # learns nothing: worse than the median
+    ]
+    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True},
+                                       "model.init_args.net.init_args.width": {"choices": [16]}},
+                      enqueue=planted, pruner="median", pruner_startup_trials=2, pruner_warmup_epochs=0)  # fmt: skip
+    main(["sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")])
+    trials = study(tmp_path).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
+    assert trials[2].user_attrs["error"].startswith("non-finite training step")  # the guard's own line
+
+
+@pytest.mark.slow
+def test_sigterm_in_trial_2_then_the_same_command_resumes_it_and_ends_with_4_trials(tmp_path: Path) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=3",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}", "--trainer.callbacks.only_in=trial-0002"]  # fmt: skip
+    spec = yaml.safe_load(sweep_file(tmp_path).read_text())
+    spec["args"] += probe
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(tmp_path / "tiny.yaml"), "--root", "runs/sweeps"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert "trial-0002: interrupted; the same command resumes it" in first.stderr
+    assert states(study(tmp_path)) == ["COMPLETE", "COMPLETE", "RUNNING"]
+    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "trial-0002: resuming (its driver is gone)" in second.stderr and "resuming from" in second.stderr
+    assert states(study(tmp_path)) == ["COMPLETE"] * 4  # not 5 or 6
+    assert len(list((tmp_path / "runs" / "sweeps" / "tiny" / "trial-0002").iterdir())) == 1  # resumed in place
+
+
+@pytest.mark.slow
+def test_two_workers_on_one_journal_share_the_trials_and_run_none_twice(tmp_path: Path) -> None:
+    journal = tmp_path / "tiny.journal"
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(sweep_file(tmp_path)), "--root", "runs/sweeps",
+               "--storage", str(journal)]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    workers = [subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[1] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs[0][-1500:] + outputs[1][-1500:]
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    trials = [
+        t for t in optuna.load_study(study_name="tiny", storage=storage).get_trials() if not t.user_attrs.get("surplus")
+    ]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    ran = [
+        line.split(":")[0]
+        for out in outputs
+        for line in out.splitlines()
+        if line.startswith("trial-") and "val/loss" in line
+    ]
+    assert sorted(ran) == [f"trial-{n:04d}" for n in range(4)]  # each trial run by exactly one worker
+    assert all(out.count("val/loss") >= 1 for out in outputs)  # both workers took part
+
+
+def test_sweep_file_mistakes_are_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nspace:\n  lr: {low: 1, high: 0}\n")
+    with pytest.raises(UsageError, match=r"bad.yaml: space.lr: low 1 and high 0 must be numbers with low < high"):
+        read_sweep(bad)
+    bad.write_text("name: x\nspace:\n  lr: {low: 0.0, high: 1.0, log: true}\n")
+    with pytest.raises(UsageError, match=r"a log scale needs low > 0"):
+        read_sweep(bad)
+    assert read_sweep(CONFIGS / "sweep" / "digits.yaml").n_trials == 20
+
+
+def test_a_requeued_slurm_task_takes_back_its_own_trial_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.sweep import driver
+
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setattr(driver, "OWNER", driver._owner())
+    assert driver.OWNER == "slurm:77_3"
+    assert not driver._alive("slurm:77_3")  # this task's run before the requeue: resume its trial
+    assert driver._alive("slurm:77_4")  # another task's: still running somewhere
+    assert driver._alive("elsewhere-host:1")  # another machine: never judged dead
+    assert not driver._alive(f"{driver.socket.gethostname()}:999999999")  # no such process here
