@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -259,3 +260,13 @@ def test_a_preset_leaves_out_or_replaces_one_default_callback_by_name(
     assert "BatchGrid: left out, as run.without names it" in capsys.readouterr().err
     with pytest.raises(UsageError, match=r"run.without: no callback BatchGrd in trainer.callbacks \(.*\); did you"):
         build_cli([*LIMIT, "--run.without", "[BatchGrd]"], run=False)
+
+
+def test_every_fit_writes_best_and_last_validation_metrics_and_wall_time() -> None:
+    cli = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+    metrics = json.loads((Path(cli.trainer.default_root_dir) / "metrics.json").read_text())
+    assert metrics["epochs"] == 2 and metrics["global_step"] == 10 and metrics["wall_seconds"] > 0
+    val = metrics["val"]
+    assert val["monitor"] == "val/loss" and val["last"]["epoch"] == 1 and "test" not in metrics
+    assert val["best"]["val/loss"] == min(val["best"]["val/loss"], val["last"]["val/loss"])
+    assert val["best"]["val/loss"] == pytest.approx(cli.trainer.checkpoint_callback.best_model_score.item())  # type: ignore[union-attr]

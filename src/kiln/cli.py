@@ -33,7 +33,7 @@ from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
-from kiln.testing import TestChoice, test_after_fit
+from kiln.testing import TestChoice, read_metrics, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -182,7 +182,7 @@ class KilnCLI(LightningCLI):
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
         """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
         why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
-        tested = layout(run_dir).metrics.is_file()
+        tested = "test" in read_metrics(run_dir)
         if why is None or (config.run.test_after_fit and not tested):
             return
         raise AlreadyFinished(
@@ -364,6 +364,11 @@ def main(args: ArgsType = None) -> None:
             from kiln.sweep.driver import sweep_command
 
             sweep_command(argv[1:])
+            return
+        if argv[:1] == ["multirun"]:  # seeds, folds and grids of `fit`, aggregated
+            from kiln.sweep.multirun import multirun_command
+
+            multirun_command(argv[1:])
             return
         build_cli(args)
     except AlreadyFinished as done:

@@ -68,11 +68,23 @@ def test_after_fit(
     return results[0].metrics
 
 
-def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) -> None:
-    """``metrics.json``: test metrics per checkpoint, epochs and steps trained; its presence marks a tested run."""
-    data: dict[str, Any] = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
-    data["test"] = [asdict(result) for result in results]
+def read_metrics(run_dir: str | Path) -> dict[str, Any]:
+    """A run's ``metrics.json`` (empty when it has none yet)."""
+    path = layout(run_dir).metrics
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_metrics(run_dir: str | Path, **sections: Any) -> None:
+    """Set top-level entries of ``metrics.json``, keeping the others; written whole or not at all."""
+    data = {**read_metrics(run_dir), **sections}
     metrics = layout(run_dir).metrics
+    metrics.parent.mkdir(parents=True, exist_ok=True)
     temporary = metrics.with_name(f".{metrics.name}.tmp")
     temporary.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(temporary, metrics)
+
+
+def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) -> None:
+    """The test section of ``metrics.json`` (with epochs and steps trained); it marks a tested run."""
+    update_metrics(run_dir, epochs=trainer.current_epoch, global_step=trainer.global_step,
+                   test=[asdict(result) for result in results])  # fmt: skip

@@ -9,6 +9,7 @@ from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
 from kiln.callbacks.progress import ProgressBar
 from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
+from kiln.callbacks.run_metrics import RunMetrics
 
 __all__ = [
     "BatchGrid",
@@ -22,4 +23,5 @@ __all__ = [
     "PredictionWriter",
     "PreemptionCheckpoint",
     "ProgressBar",
+    "RunMetrics",
 ]

@@ -173,6 +173,17 @@ def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: in
     return parts
 
 
+def k_folds(labels: Sequence[int], k: int, seed: int) -> Tensor:
+    """The fold (0..k-1) of each sample: stratified (each class spread evenly over the folds), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    folds = torch.empty(len(labels), dtype=torch.long)
+    for c in sorted(set(labels)):
+        members = torch.tensor([i for i, label in enumerate(labels) if label == c])
+        members = members[torch.randperm(len(members), generator=g)]
+        folds[members] = torch.arange(len(members)) % k
+    return folds
+
+
 class TensorDataModule(LightningDataModule):
     """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
 
@@ -195,6 +206,10 @@ class TensorDataModule(LightningDataModule):
             no host-to-device copy per batch. For datasets that fit in device memory.
         batch_augment: With ``on_device``: the augmentation applied to whole training batches
             (e.g. :class:`~kiln.data.BatchRandomAffine`); ``None`` uses the dataset's default.
+        num_folds: Cross-validation: merge the train and val splits and cut them into this many
+            stratified folds (``None``: the splits as loaded). The test split stays as it is.
+        fold: Which fold validates (the others train).
+        fold_seed: Seed of the fold assignment.
     """
 
     num_classes: int
@@ -218,8 +233,14 @@ class TensorDataModule(LightningDataModule):
         std: tuple[float, ...] | None = None,
         on_device: bool = False,
         batch_augment: nn.Module | None = None,
+        num_folds: PositiveInt | None = None,
+        fold: NonNegativeInt = 0,
+        fold_seed: int = 0,
     ) -> None:
         super().__init__()
+        if num_folds is not None and not (num_folds >= 2 and fold < num_folds):
+            raise ConfigError(f"data.num_folds {num_folds}, data.fold {fold}: need num_folds >= 2 and fold < num_folds")
+        self.num_folds, self.fold, self.fold_seed = num_folds, int(fold), fold_seed
         if on_device and train_transforms:
             raise ConfigError(
                 "data.train_transforms run per sample in the DataLoader path and do not apply with "
@@ -250,6 +271,18 @@ class TensorDataModule(LightningDataModule):
         if self.train_set is None:
             with global_rngs_kept():
                 self.load()
+            if self.num_folds is not None:
+                self._use_fold()
+
+    def _use_fold(self) -> None:
+        """Train on all folds but ``fold`` of train+val, validate on ``fold``."""
+        train, val = self.train_set, self.val_set
+        if not (isinstance(train, InMemoryDataset) and isinstance(val, InMemoryDataset)):
+            raise ConfigError(f"data.num_folds: {type(self).__name__} has no in-memory train and val splits to fold")
+        inputs, labels = torch.cat([train.inputs, val.inputs]), torch.cat([train.labels, val.labels])
+        held_out = k_folds(labels.tolist(), self.num_folds or 0, self.fold_seed) == self.fold
+        self.train_set = self.make_dataset(inputs[~held_out], labels[~held_out], train=True)
+        self.val_set = self.make_dataset(inputs[held_out], labels[held_out], train=False)
 
     def default_train_transforms(self) -> list[nn.Module]:
         """The augmentation used when ``train_transforms`` is ``None``; override per dataset."""

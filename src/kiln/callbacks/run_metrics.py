@@ -1,0 +1,59 @@
+"""``metrics.json`` for every ``fit``: best and last validation metrics, epochs, steps and wall time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from kiln.testing import update_metrics
+
+
+class RunMetrics(Callback):
+    """Keeps each epoch's validation metrics and writes the best and the last into ``metrics.json``.
+
+    "Best" follows the run's ``ModelCheckpoint`` (its ``monitor`` and ``mode``; ``val/loss``, min,
+    without one). Wall time adds up over resumes. The test after fit adds its own section.
+    """
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, float]] = []  # one entry per validation, with its epoch
+        self.seconds = 0.0  # wall time of earlier runs of this fit (resumes)
+        self._started: float | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._started = time.monotonic()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        values = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+        if values:
+            self.history = [h for h in self.history if h["epoch"] != trainer.current_epoch]  # re-validated on resume
+            self.history.append({"epoch": trainer.current_epoch, **values})
+
+    def _elapsed(self) -> float:
+        return self.seconds + (time.monotonic() - self._started if self._started is not None else 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history, "seconds": self._elapsed()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history, self.seconds = list(state_dict["history"]), float(state_dict["seconds"])
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        checkpoint = trainer.checkpoint_callback
+        monitor = getattr(checkpoint, "monitor", None) or "val/loss"
+        mode = getattr(checkpoint, "mode", "min")
+        scored = [h for h in self.history if monitor in h]
+        best = (min if mode == "min" else max)(scored, key=lambda h: h[monitor]) if scored else None
+        update_metrics(
+            trainer.default_root_dir,
+            epochs=trainer.current_epoch,
+            global_step=trainer.global_step,
+            wall_seconds=round(self._elapsed(), 3),
+            val={"monitor": monitor, "best": best, "last": self.history[-1] if self.history else None},
+        )

@@ -1,0 +1,163 @@
+"""``kiln multirun``: seeds, folds and small grids of ``kiln fit``, aggregated with confidence intervals.
+
+    kiln multirun --seeds 0-4 --folds 5 --grid model.init_args.net.init_args.width=16,32 -- -c configs/…
+
+Every run is an in-process ``kiln fit`` in ``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run whose
+``metrics.json`` is complete is skipped on a rerun. ``results.md`` and ``results.csv`` give mean,
+sample std, 95% confidence interval (Student's t) and n per metric and grid cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kiln import runs
+from kiln.errors import KilnError, UsageError
+from kiln.testing import read_metrics
+
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond, the normal's 1.96
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+       2.042)  # fmt: skip
+
+
+def seeds(text: str) -> list[int]:
+    """``0-4`` or ``1,3,7`` (or a mix) as a list of seeds."""
+    found: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            found += list(range(int(low), int(high) + 1)) if high else [int(low)]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: give a range (0-4) or a list (1,3,7)") from None
+    return found
+
+
+def grid(items: list[str]) -> list[dict[str, str]]:
+    """``KEY=V1,V2`` items as every combination of their values (one empty cell without items)."""
+    axes = []
+    for item in items:
+        key, _, values = item.partition("=")
+        if not key or not values:
+            raise UsageError(f"--grid {item!r}: give KEY=VALUE1,VALUE2 (a dotted CLI key)")
+        axes.append([(key, value) for value in values.split(",")])
+    return [dict(cell) for cell in itertools.product(*axes)]
+
+
+def cell_name(cell: dict[str, str]) -> str:
+    return "-".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in cell.items()) or "base"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (n-1), the 95% interval's half-width, and n."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    t = T95[n - 2] if 1 < n <= len(T95) + 1 else 1.96
+    return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(n) if n > 1 else float("nan"), "n": n}
+
+
+def run_metrics(run_dir: Path) -> dict[str, float]:
+    """The numbers a run contributes: best validation metrics and the (first tested checkpoint's) test metrics."""
+    data = read_metrics(run_dir)
+    found = {f"best {k}": v for k, v in ((data.get("val") or {}).get("best") or {}).items() if k != "epoch"}
+    tests = data.get("test") or []
+    if tests:
+        found.update(tests[0]["metrics"])
+    return found
+
+
+def finished(folder: Path, tested: bool) -> Path | None:
+    """The run folder under ``folder`` that completed (tested, when tests are on), if any."""
+    for run_dir in sorted(folder.glob("*"), reverse=True):
+        data = read_metrics(run_dir)
+        if "val" in data and ("test" in data or not tested):
+            return run_dir
+    return None
+
+
+def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]]:
+    """One row per (cell, metric): mean, std, ci95, n; written to results.csv and results.md and printed."""
+    rows = []
+    for cell, run_dirs in folders.items():
+        per_run = [run_metrics(d) for d in run_dirs]
+        for metric in sorted({m for values in per_run for m in values}):
+            values = [values[metric] for values in per_run if metric in values]
+            rows.append({"cell": cell, "metric": metric, **summary(values)})
+    with (root / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["cell", "metric", "mean", "std", "ci95", "n"])
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| cell | metric | mean | std | 95% CI | n |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['cell']} | {r['metric']} | {r['mean']:.4f} | {r['std']:.4f} | ±{r['ci95']:.4f} | {r['n']} |"
+              for r in rows]  # fmt: skip
+    (root / "results.md").write_text("\n".join(lines) + "\n")
+    table = Table(title=f"{root}: mean, std, 95% CI (t) over runs", title_justify="left")
+    for column in ("cell", "metric", "mean", "std", "95% CI", "n"):
+        table.add_column(column, justify="left" if column in ("cell", "metric") else "right")
+    for r in rows:
+        table.add_row(
+            str(r["cell"]), str(r["metric"]), f"{r['mean']:.4f}", f"{r['std']:.4f}", f"±{r['ci95']:.4f}", str(r["n"])
+        )
+    Console(file=sys.stderr).print(table)
+    return rows
+
+
+def multirun_command(args: list[str]) -> None:
+    """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
+    from kiln.cli import build_cli
+
+    fit_args = args[args.index("--") + 1 :] if "--" in args else []
+    args = args[: args.index("--")] if "--" in args else args
+    parser = argparse.ArgumentParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
+    parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
+    parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
+    parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")
+    parser.add_argument("--name", default="multirun", help="the folder under --root")
+    parser.add_argument("--root", default="runs/multirun")
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as stop:
+        if stop.code:
+            raise UsageError("kiln multirun: see `kiln multirun --help`") from None
+        raise
+    if options.folds is not None and options.folds < 2:
+        raise UsageError(f"--folds {options.folds}: give 2 or more")
+    root = Path(options.root) / options.name
+    tested = "--run.test_after_fit=false" not in fit_args
+    folds = list(range(options.folds)) if options.folds else [None]
+    folders: dict[str, list[Path]] = {}
+    for cell in grid(options.grid):
+        for seed, fold in itertools.product(seeds(options.seeds), folds):
+            name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+            done = finished(root / name, tested)
+            if done is None:
+                fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
+                run = ["fit", *fit_args, *(f"--{k}={v}" for k, v in cell.items()), f"--seed_everything={seed}",
+                       *(fold_args if fold is not None else []), f"--run.root={root}",
+                       f"--run.name={name}"]  # fmt: skip
+                command, sys.argv[1:] = sys.argv[1:], []  # the run's arguments are `run`
+                try:
+                    build_cli(run)
+                except KilnError as err:
+                    runs.remove_failed_run()
+                    print(f"{name}: failed: {err}", file=sys.stderr)
+                    continue
+                finally:
+                    sys.argv[1:] = command
+                done = finished(root / name, tested)
+            else:
+                print(f"{name}: done before ({done}), skipped", file=sys.stderr)
+            if done is not None:
+                folders.setdefault(cell_name(cell), []).append(done)
+    if folders:
+        aggregate(root, folders)
