@@ -13,7 +13,7 @@ import yaml
 from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
-from kiln.errors import UsageError
+from kiln.errors import ConfigError, UsageError
 from kiln.sweep.space import read_sweep
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -140,3 +140,31 @@ def test_a_requeued_slurm_task_takes_back_its_own_trial_only(monkeypatch: pytest
     assert driver._alive("slurm:77_4")  # another task's: still running somewhere
     assert driver._alive("elsewhere-host:1")  # another machine: never judged dead
     assert not driver._alive(f"{driver.socket.gethostname()}:999999999")  # no such process here
+
+
+def test_the_argv_wandb_agent_builds_reaches_the_model_and_the_rendered_config_is_wandbs(tmp_path: Path) -> None:
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
+
+    from kiln.sweep.space import wandb_config
+
+    main(["sweep", "-c", str(CONFIGS / "sweep" / "digits.yaml"), "--root", str(tmp_path), "--wandb"])
+    rendered = yaml.safe_load((tmp_path / "digits" / "wandb_sweep.yaml").read_text())
+    assert rendered == wandb_config(read_sweep(CONFIGS / "sweep" / "digits.yaml"))
+    assert rendered["parameters"][LR] == {"distribution": "log_uniform_values", "min": 1e-4, "max": 3e-2}
+    assert rendered["command"][:3] == ["${env}", "kiln", "fit"] and rendered["command"][-1] == "${args}"
+    values = {LR: 0.0123, WIDTH: 48, "data.init_args.batch_size": 32}
+    argv = create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}})["args"]  # wandb's own
+    command = create_sweep_command(rendered["command"][1:])  # what the agent runs, less ${env}
+    assert command[-1] == "${args}"
+    cli = build_cli([*argv, "--trainer.logger", "false"], run=False)
+    assert cli.config["model"]["init_args"]["optimizer"]["init_args"]["lr"] == 0.0123
+    assert cli.model.net.features[0].out_channels == 48 and cli.datamodule.batch_size == 32
+
+
+def test_under_a_wandb_agent_without_a_key_the_run_stops_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    monkeypatch.delenv("WANDB_MODE")
+    with pytest.raises(
+        ConfigError, match=r"W&B sweep agent \(WANDB_SWEEP_ID=abc123\): no API key .* nothing was trained"
+    ):
+        build_cli([*LIMIT], run=False)

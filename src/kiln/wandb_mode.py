@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kiln.errors import ConfigError
+
 
 def _base_url() -> str:
     return os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").rstrip("/")
@@ -65,6 +67,9 @@ def ensure_wandb_mode() -> str | None:
     W&B would prompt for a missing key on a terminal; with a key but a server (or a proxy) that
     does not answer, or answers with an error, it blocks for minutes and then fails the run.
     """
+    if sweep := os.environ.get("WANDB_SWEEP_ID"):
+        _refuse_offline_agent(sweep)
+        return None
     if os.environ.get("WANDB_MODE"):
         return None
     key = api_key()
@@ -75,6 +80,22 @@ def ensure_wandb_mode() -> str | None:
         os.environ["WANDB_MODE"] = "offline"
         return f"W&B: cannot start an online run ({reason}), logging offline; `wandb sync` uploads it later"
     return None
+
+
+def _refuse_offline_agent(sweep: str) -> None:
+    """Under ``wandb agent`` a run must log online: offline, the sweep controller never gets its metric."""
+    mode = os.environ.get("WANDB_MODE")
+    key = api_key()
+    why = (
+        f"WANDB_MODE is {mode}" if mode in ("offline", "disabled", "dryrun")
+        else "no API key (set WANDB_API_KEY or run `wandb login`)" if key is None
+        else server_problem(key)
+    )  # fmt: skip
+    if why:
+        raise ConfigError(
+            f"W&B sweep agent (WANDB_SWEEP_ID={sweep}): {why}; logging offline would leave the sweep without this "
+            "run's metric, so nothing was trained. Fix the key or the connection and start the agent again"
+        )
 
 
 def finish_wandb(exit_code: int = 0) -> None:

@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kiln import runs
 from kiln.errors import KilnError, UsageError
 from kiln.sweep import reporting
 from kiln.sweep.report import report
-from kiln.sweep.space import Sweep, flags, read_sweep
+from kiln.sweep.space import Sweep, flags, read_sweep, wandb_config
 
 
 def _owner() -> str:
@@ -182,7 +184,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
 
 
 def sweep_command(args: list[str]) -> None:
-    """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report] [-- kiln fit arguments for every trial]``."""
+    """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report | --wandb] [-- kiln fit arguments]``."""
     parser = argparse.ArgumentParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
     parser.add_argument("-c", "--config", required=True, help="the sweep file (configs/sweep/<name>.yaml)")
     parser.add_argument(
@@ -192,6 +194,7 @@ def sweep_command(args: list[str]) -> None:
     parser.add_argument(
         "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
     )
+    parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
     extra = args[args.index("--") + 1 :] if "--" in args else []  # e.g. -- -c configs/trainer/gpu.yaml
     args = args[: args.index("--")] if "--" in args else args
     try:
@@ -203,6 +206,12 @@ def sweep_command(args: list[str]) -> None:
     sweep = read_sweep(options.config)
     sweep.args += extra
     root = Path(options.root)
+    if options.wandb:
+        path = root / sweep.name / "wandb_sweep.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(wandb_config(sweep), sort_keys=False))
+        print(f"wrote {path}: `wandb sweep {path}`, then `wandb agent <the sweep id it prints>` on each machine")
+        return
     if options.report:
         study = open_study(sweep, storage_for(root / sweep.name, options.storage))
     else:

@@ -107,3 +107,30 @@ def read_sweep(path: str | Path) -> Sweep:
 def flags(values: dict[str, Any]) -> list[str]:
     """The trial's values as ``--key=value`` arguments, the form ``wandb agent`` passes too."""
     return [f"--{key}={value}" for key, value in values.items()]
+
+
+def wandb_config(sweep: Sweep) -> dict[str, Any]:
+    """The same sweep for ``wandb sweep``: its agent runs ``kiln fit`` with the ``--key=value`` flags it builds."""
+    parameters: dict[str, Any] = {}
+    for param in sweep.space:
+        if param.kind == "categorical":
+            parameters[param.key] = {"values": param.choices}
+        elif param.kind == "int" and param.step not in (None, 1):
+            low, high, step = int(param.low or 0), int(param.high or 0), int(param.step or 1)
+            parameters[param.key] = {"values": list(range(low, high + 1, step))}
+        elif param.kind == "int":
+            parameters[param.key] = {
+                "distribution": "int_uniform",
+                "min": int(param.low or 0),
+                "max": int(param.high or 0),
+            }
+        else:
+            parameters[param.key] = {"distribution": "log_uniform_values" if param.log else "uniform",
+                                     "min": param.low, "max": param.high}  # fmt: skip
+    return {
+        "name": sweep.name,
+        "method": "bayes" if sweep.sampler == "tpe" else "random",
+        "metric": {"name": sweep.metric, "goal": sweep.direction},
+        "parameters": parameters,
+        "command": ["${env}", "kiln", "fit", *sweep.args, "${args}"],
+    }
