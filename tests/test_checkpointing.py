@@ -67,6 +67,7 @@ def test_last_ckpt_is_always_the_newest_state_never_versioned_and_a_finished_rer
     assert (checkpoints / "last.ckpt").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_killed_write_leftovers_are_removed_on_the_next_start_in_that_folder(capsys: pytest.CaptureFixture) -> None:
     first = build_cli(["fit", *QUIET_LIMIT, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
     checkpoints = Path(first.trainer.default_root_dir) / "checkpoints"

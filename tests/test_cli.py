@@ -174,7 +174,7 @@ def test_default_experiment_reaches_98_percent_test_accuracy() -> None:
     assert Path(cli.trainer.checkpoint_callback.best_model_path).name.startswith("best-")  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("subcommand", ["validate", "test"])
+@pytest.mark.parametrize("subcommand", [pytest.param("validate", marks=pytest.mark.slow), "test"])
 def test_evaluation_subcommands_load_a_checkpoint(subcommand: str) -> None:
     fit = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
     ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,11 +64,16 @@ def runnable(config: Path) -> bool:
     return name(config) not in ELSEWHERE and not name(config).startswith("experiment/")
 
 
-@pytest.mark.parametrize(
-    "config",
-    [pytest.param(c, marks=pytest.mark.gpu) if name(c) in NEEDS_GPU else c for c in ALL_CONFIGS if runnable(c)],
-    ids=name,
-)
+def marked(config: Path) -> Any:
+    """GPU presets need CUDA; the PyTorch profiler's trace takes seconds (the full suite runs it)."""
+    if name(config) in NEEDS_GPU:
+        return pytest.param(config, marks=pytest.mark.gpu)
+    if name(config) == "debug/profiler_pytorch.yaml":
+        return pytest.param(config, marks=pytest.mark.slow)
+    return config
+
+
+@pytest.mark.parametrize("config", [marked(c) for c in ALL_CONFIGS if runnable(c)], ids=name)
 def test_preset_runs_with_fast_dev_run(config: Path) -> None:  # GPU presets: also in `make test-gpu`
     if name(config) in NEEDS_GPU and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -80,7 +86,11 @@ EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))  # a new file is s
 @pytest.mark.parametrize(
     "on_device", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["loader", "on_device"]
 )  # on the device: every experiment in the full suite; digits and signals in test-fast too
-@pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "experiment",
+    [pytest.param(e, marks=pytest.mark.slow) if e.stem == "fashion_mnist" else e for e in EXPERIMENTS],
+    ids=lambda p: p.stem,
+)  # FashionMNIST is MNIST's format and code: the full suite runs it
 def test_experiment_runs_with_fast_dev_run(
     experiment: Path, on_device: bool, mnist_root: Path, cifar_root: Path
 ) -> None:
