@@ -168,3 +168,21 @@ def test_under_a_wandb_agent_without_a_key_the_run_stops_in_one_line(monkeypatch
         ConfigError, match=r"W&B sweep agent \(WANDB_SWEEP_ID=abc123\): no API key .* nothing was trained"
     ):
         build_cli([*LIMIT], run=False)
+
+
+@pytest.mark.slow
+def test_with_wandb_on_the_pictures_and_the_table_go_to_a_run_in_the_sweeps_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    spec = yaml.safe_load(sweep_file(tmp_path, n_trials=2).read_text())
+    spec["args"] = [a for a in spec["args"] if a != "--trainer.logger=false"]  # the default W&B logger
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
+    main(["sweep", "-c", str(tmp_path / "tiny.yaml"), "--root", str(tmp_path / "runs" / "sweeps")])
+    folder = tmp_path / "runs" / "sweeps" / "tiny"
+    (report_run,) = folder.glob("wandb/offline-run-*")  # the sweep's own run, beside the trials' runs
+    images = {p.name.split("_")[0] for p in (report_run / "files" / "media" / "images" / "sweep").glob("*.png")}
+    assert images == {"history", "importance"}
+    assert [p.name.split("_")[0] for p in (report_run / "files" / "media" / "table" / "sweep").iterdir()] == ["trials"]
+    trial_runs = list(folder.glob("trial-*/*/wandb/offline-run-*"))
+    assert len(trial_runs) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,41 @@ def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _wandb_project(study: Any) -> str | None:
+    """The W&B project the trials logged to (from the best trial's config), or ``None`` when W&B was off."""
+    try:
+        run_dir = _run_folder(study.best_trial)
+    except ValueError:
+        return None
+    if run_dir is None or os.environ.get("WANDB_MODE") == "disabled":
+        return None
+    logger = (yaml.safe_load((run_dir / "config.yaml").read_text()).get("trainer") or {}).get("logger")
+    if not isinstance(logger, dict) or "Wandb" not in str(logger.get("class_path", "")):
+        return None
+    return str((logger.get("init_args") or {}).get("project") or "kiln")
+
+
+def log_to_wandb(study: Any, sweep: Sweep, sweep_dir: Path, pictures: list[Path]) -> None:
+    """The pictures and the trials table in one W&B run of the sweep's group, when the trials logged to W&B."""
+    project = _wandb_project(study)
+    if project is None:
+        return
+    from kiln.wandb_mode import ensure_wandb_mode
+
+    if notice := ensure_wandb_mode():
+        print(notice, file=sys.stderr)
+    import wandb
+
+    run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
+                     dir=str(sweep_dir))  # fmt: skip
+    columns: list[str | int] = ["trial", "state", sweep.metric, *(param.key for param in sweep.space)]
+    rows = [[t.number, t.state.name, t.value, *(t.params.get(param.key) for param in sweep.space)]
+            for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]  # fmt: skip
+    run.log({**{f"sweep/{p.stem}": wandb.Image(str(p)) for p in pictures if p.is_file()},
+             "sweep/trials": wandb.Table(columns=columns, data=rows)})  # fmt: skip
+    run.finish()
+
+
 def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
     """Print the trials table; write ``best.yaml``, ``history.png`` and ``importance.png`` in the sweep folder."""
     import optuna
@@ -132,6 +168,7 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
         _chart(sorted(importances.items(), key=lambda kv: -kv[1]), "parameter importance (fANOVA)").save(
             sweep_dir / "importance.png"
         )
+    log_to_wandb(study, sweep, sweep_dir, [sweep_dir / "history.png", sweep_dir / "importance.png"])
     if best := write_best(study, sweep, sweep_dir):
         print(f"best: trial {study.best_trial.number}, {sweep.metric} {study.best_value:.6g}; rerun it with "
               f"kiln fit -c {best}", file=sys.stderr)  # fmt: skip
