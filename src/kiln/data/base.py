@@ -16,7 +16,14 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from kiln.data.on_device import DeviceLoader, augmentation_seed, check_fits, stats_view, to_unit_float
+from kiln.data.on_device import (
+    DeviceLoader,
+    augmentation_seed,
+    check_fits,
+    seeded_augmentation,
+    stats_view,
+    to_unit_float,
+)
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import ConfigError, DataError, HealthCheckError
 from kiln.stop_signals import ignore_in_worker
@@ -82,15 +89,8 @@ class SampleDataset(Dataset):
         x = to_unit_float(inputs)
         if self.transform is None:
             return x
-        generator = torch.default_generator  # what the transforms draw from; put back afterwards
-        state = generator.get_state() if epoch is not None else None  # (cheaper than fork_rng + manual_seed)
-        if epoch is not None:
-            generator.manual_seed(augmentation_seed(self.seed, epoch, first))
-        try:
+        with seeded_augmentation(augmentation_seed(self.seed, epoch, first) if epoch is not None else None):
             return torch.stack([self.transform(sample) for sample in x])
-        finally:
-            if state is not None:
-                generator.set_state(state)
 
 
 class InMemoryDataset(SampleDataset):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,23 @@ def augmentation_seed(seed: int, epoch: int, position: int) -> int:
     """The seed of one augmentation draw, from (run seed, epoch, sample or batch number): the same in
     any worker and after any restart. Used by both data paths."""
     return hash((seed, epoch, position)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@contextmanager
+def seeded_augmentation(seed: int | None) -> Iterator[None]:
+    """Seed torch's default generator (what per-sample transforms draw from) for one draw, then put its
+    state back, so the run's own random stream is untouched (cheaper than ``fork_rng`` plus a seed).
+    ``None``: no seeding (a key without an epoch)."""
+    if seed is None:
+        yield
+        return
+    generator = torch.default_generator
+    state = generator.get_state()
+    generator.manual_seed(seed)
+    try:
+        yield
+    finally:
+        generator.set_state(state)
 
 
 def _size(n_bytes: float) -> str:

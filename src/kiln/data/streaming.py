@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from kiln.data.base import SampleDataset, TensorDataModule
-from kiln.data.on_device import augmentation_seed, stats_view, to_unit_float
+from kiln.data.on_device import augmentation_seed, seeded_augmentation, stats_view, to_unit_float
 from kiln.errors import ConfigError, DataError
 
 META = "kiln.json"  # what the data declares (classes, shape, statistics), written next to the chunks
@@ -69,14 +69,10 @@ def _streaming_dataset() -> type:
             item = super().__getitem__(index)
             x = to_unit_float(item["x"])
             if self.augment is not None:
-                state = torch.default_generator.get_state()
                 position = int(getattr(index, "index", index))
-                torch.default_generator.manual_seed(augmentation_seed(self.kiln_seed, self.current_epoch, position))
-                try:
-                    with torch.inference_mode():
-                        x = self.augment(x)
-                finally:
-                    torch.default_generator.set_state(state)
+                seed = augmentation_seed(self.kiln_seed, self.current_epoch, position)
+                with seeded_augmentation(seed), torch.inference_mode():
+                    x = self.augment(x)
             mean, std = self.normalise
             return (x - mean) / std, torch.tensor(int(item["y"]))
 
