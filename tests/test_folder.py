@@ -136,3 +136,10 @@ def test_cached_images_take_the_on_device_path(pngs: Path) -> None:
                      "--trainer.fast_dev_run", "true"])  # fmt: skip
     assert cli.trainer.global_step == 1 and isinstance(cli.datamodule.train_set, InMemoryDataset)
     assert type(cli.datamodule.train_dataloader()).__name__ == "DeviceLoader"
+
+
+def test_the_cli_built_module_normalises_with_imagenet_statistics_unless_given(pngs: Path) -> None:
+    rgb = ["--data", "kiln.data.FolderDataModule", "--data.root", str(pngs), "--trainer.logger", "false"]
+    assert build_cli(rgb, run=False).datamodule.mean == (0.485, 0.456, 0.406)  # the CLI passes mean=None
+    given = build_cli([*rgb, "--data.mean", "[0.5, 0.5, 0.5]", "--data.std", "[0.2, 0.2, 0.2]"], run=False)
+    assert given.datamodule.mean == (0.5, 0.5, 0.5) and given.datamodule.std == (0.2, 0.2, 0.2)

@@ -16,6 +16,7 @@ from test_resume import assert_bitwise_equal, final_state
 from kiln.cli import build_cli
 from kiln.data import StreamingDataModule, WaveformsDataModule
 from kiln.data.streaming import convert
+from kiln.errors import DataError
 
 WAVEFORMS = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml")]
 CONVERT = [sys.executable, "-m", "kiln.convert"]
@@ -32,7 +33,8 @@ def streamed(root: Path) -> list[str]:
 def chunks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """300 waveforms written as LitData chunks by kiln's converter."""
     root = tmp_path_factory.mktemp("streamed")
-    return convert(WaveformsDataModule(num_samples=300, num_workers=0), root / "waveforms", chunk_bytes="16KB")
+    data = WaveformsDataModule(num_samples=300, num_workers=0, mean=(0.25,), std=(2.0,))  # statistics kiln.json keeps
+    return convert(data, root / "waveforms", chunk_bytes="16KB")
 
 
 @pytest.mark.slow
@@ -41,6 +43,7 @@ def test_converted_chunks_declare_the_data_and_train(chunks: Path) -> None:
     assert meta["num_classes"] == 4 and meta["input_shape"] == [1, 64] and meta["class_names"][0] == "sine"
     cli = build_cli(["fit", *WAVEFORMS, *streamed(chunks), *LIMIT, "--data.init_args.num_workers", "0"])
     assert isinstance(cli.datamodule, StreamingDataModule) and cli.model.num_classes == 4
+    assert meta["mean"] == [0.25] and cli.datamodule.mean == (0.25,) and cli.datamodule.std == (2.0,)  # kiln.json's
     assert cli.trainer.state.finished and "test/acc" in (cli.test_metrics or {})
     sizes = [len(cli.datamodule.train_set), len(cli.datamodule.test_set)]  # type: ignore[arg-type]
     assert sizes == [210, 60]  # the converted splits
@@ -93,3 +96,8 @@ def test_ddp_ranks_read_disjoint_shards(chunks: Path, tmp_path: Path) -> None:
     assert ranks[0] and ranks[1] and not set(ranks[0]) & set(ranks[1])  # each sample on one rank only
     # equal shares in whole batches (LitData drops the remainder under DDP): 2 x 6 x 16 of the 210
     assert len(ranks[0]) == len(ranks[1]) == 96
+
+
+def test_a_folder_without_kiln_json_names_the_command_that_writes_it(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"no kiln.json at .*; write it with `python -m kiln.convert`"):
+        StreamingDataModule(root=str(tmp_path))

@@ -27,6 +27,13 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 Files = list[tuple[Path, int]]  # (image file, class index)
 
 
+def imagenet_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ImageNet's per-channel mean and std (their average for grey-scale): the usual start for photos."""
+    if channels == 3:
+        return IMAGENET_MEAN, IMAGENET_STD
+    return (sum(IMAGENET_MEAN) / 3,), (sum(IMAGENET_STD) / 3,)
+
+
 def pixels(image: Image.Image, channels: int, size: tuple[int, int]) -> Tensor:
     """A Pillow image as uint8 ``(channels, *size)``: converted, and resized (antialiased when shrinking)."""
     image = image.convert("RGB" if channels == 3 else "L")
@@ -125,8 +132,7 @@ class FolderDataModule(TensorDataModule):
     ) -> None:
         if (root is None) == (listing is None):
             raise ConfigError("data: give either data.init_args.root (class folders) or data.init_args.listing")
-        kwargs.setdefault("mean", IMAGENET_MEAN if channels == 3 else (sum(IMAGENET_MEAN) / 3,))
-        kwargs.setdefault("std", IMAGENET_STD if channels == 3 else (sum(IMAGENET_STD) / 3,))
+        self.default_mean, self.default_std = imagenet_stats(channels)  # data.mean/std: None (the CLI's) uses them
         super().__init__(**kwargs)
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.input_shape = (channels, *size)

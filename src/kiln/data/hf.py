@@ -10,7 +10,7 @@ from jsonargparse.typing import PositiveInt
 from torch import Tensor
 
 from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
-from kiln.data.folder import IMAGENET_MEAN, IMAGENET_STD, pixels
+from kiln.data.folder import imagenet_stats, pixels
 from kiln.errors import DataError, MissingDataError
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid"), "test": ("test",)}
@@ -84,8 +84,7 @@ class HFDataModule(TensorDataModule):
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.image = (channels, size) if type(feature).__name__ == "Image" else None
         if self.image is not None:
-            kwargs.setdefault("mean", IMAGENET_MEAN if channels == 3 else (sum(IMAGENET_MEAN) / 3,))
-            kwargs.setdefault("std", IMAGENET_STD if channels == 3 else (sum(IMAGENET_STD) / 3,))
+            self.default_mean, self.default_std = imagenet_stats(channels)
         super().__init__(**kwargs)
         self.input_column, self.label_column = input_column, label_column
         self.fractions, self.split_seed = (val_fraction, test_fraction), split_seed

@@ -127,12 +127,9 @@ class StreamingDataModule(TensorDataModule):
             )
         meta_path = Path(meta) if meta is not None else Path(root) / META
         if not meta_path.is_file():
-            raise DataError(
-                f"data: no {META} at {meta_path}; write it with `python -m kiln.data.streaming` (or pass meta)"
-            )
+            raise DataError(f"data: no {META} at {meta_path}; write it with `python -m kiln.convert` (or pass meta)")
         declared = json.loads(meta_path.read_text())
-        kwargs.setdefault("mean", tuple(declared["mean"]))
-        kwargs.setdefault("std", tuple(declared["std"]))
+        self.default_mean, self.default_std = tuple(declared["mean"]), tuple(declared["std"])  # the converted data's
         super().__init__(**kwargs)
         self.root, self.cache_dir = root.rstrip("/"), cache_dir
         self.num_classes = int(declared["num_classes"])
