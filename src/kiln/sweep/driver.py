@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from kiln import runs
-from kiln.errors import KilnError, UsageError
+from kiln.errors import KilnError
 from kiln.sweep import reporting
+from kiln.sweep.inprocess import describe, fit, parse_command
 from kiln.sweep.report import report
 from kiln.sweep.space import Sweep, flags, read_sweep, wandb_config
 
@@ -103,23 +104,22 @@ def run_trial(study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: boo
     from optuna.trial import TrialState
 
     from kiln.callbacks.resume import Preempted
-    from kiln.cli import AlreadyFinished, build_cli
+    from kiln.cli import AlreadyFinished
 
     trial.set_user_attr("owner", OWNER)
     values = {param.key: param.suggest(trial) for param in sweep.space}
     name = f"trial-{trial.number:04d}"
     trial.set_user_attr("run", str(sweep_dir / name))
-    args = ["fit", *sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
+    args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
             "--run.test_after_fit=false", "--trainer.callbacks+=kiln.sweep.reporting.TrialReporter",
             f"--trainer.callbacks.metric={sweep.metric}", *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
     reporting.current = trial
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
-    command, sys.argv[1:] = sys.argv[1:], []  # the trial's arguments are `args`, not the sweep's
     started = time.monotonic()
     pruned = False
     try:
-        cli = build_cli(args)
-        pruned = any(getattr(c, "pruned", False) for c in cli.trainer.callbacks)  # type: ignore[attr-defined]
+        cli = fit(args)
+        pruned = any(getattr(c, "pruned", False) for c in cli.trainer.callbacks)
     except AlreadyFinished:
         pass  # trained before the last driver stopped: its reported values stand
     except (SIGTERMException, Preempted):
@@ -128,35 +128,33 @@ def run_trial(study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: boo
     except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on
         runs.remove_failed_run()
         line = str(err).splitlines()[0] if str(err) else ""
-        message = line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}"
-        trial.set_user_attr("error", message)
-        study.tell(trial, state=TrialState.FAIL)
-        print(f"{name}: FAIL: {message}", file=sys.stderr)
-        return "FAIL"
+        return _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
     finally:
         reporting.current = None
         os.environ.pop("WANDB_RUN_GROUP", None)
-        sys.argv[1:] = command
     trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
     reported = study.get_trials(deepcopy=False)[trial.number].intermediate_values
     if pruned:
         study.tell(trial, state=TrialState.PRUNED)
-        print(
-            f"{name}: pruned after epoch {max(reported)} ({sweep.metric} {reported[max(reported)]:.4f})",
-            file=sys.stderr,
-        )
+        epoch = max(reported)
+        print(f"{name}: pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})", file=sys.stderr)
         return "PRUNED"
     best = _best(reported, sweep.direction)
     if best is None:
-        trial.set_user_attr("error", f"{sweep.metric} was never logged in validation")
-        study.tell(trial, state=TrialState.FAIL)
-        print(f"{name}: FAIL: {sweep.metric} was never logged in validation", file=sys.stderr)
-        return "FAIL"
+        return _fail(study, trial, f"{sweep.metric} was never logged in validation")
     study.tell(trial, best)
-    shown = ", ".join(f"{key.rsplit('.', 1)[-1]}={value:.4g}" if isinstance(value, float)
-                      else f"{key.rsplit('.', 1)[-1]}={value}" for key, value in values.items())  # fmt: skip
-    print(f"{name}: {sweep.metric} {best:.4f} ({shown})", file=sys.stderr)
+    print(f"{name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
     return "COMPLETE"
+
+
+def _fail(study: Any, trial: Any, message: str) -> str:
+    """Record the trial as FAIL with its one-line reason, and say so."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("error", message)
+    study.tell(trial, state=TrialState.FAIL)
+    print(f"trial-{trial.number:04d}: FAIL: {message}", file=sys.stderr)
+    return "FAIL"
 
 
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
@@ -195,14 +193,7 @@ def sweep_command(args: list[str]) -> None:
         "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
     )
     parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
-    extra = args[args.index("--") + 1 :] if "--" in args else []  # e.g. -- -c configs/trainer/gpu.yaml
-    args = args[: args.index("--")] if "--" in args else args
-    try:
-        options = parser.parse_args(args)
-    except SystemExit as stop:
-        if stop.code:
-            raise UsageError("kiln sweep: see `kiln sweep --help`") from None
-        raise
+    options, extra = parse_command(parser, args)
     sweep = read_sweep(options.config)
     sweep.args += extra
     root = Path(options.root)

@@ -22,6 +22,8 @@ from rich.table import Table
 
 from kiln import runs
 from kiln.errors import KilnError, UsageError
+from kiln.sweep.inprocess import fit, parse_command, short_key
+from kiln.sweep.space import flags
 from kiln.testing import read_metrics
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond, the normal's 1.96
@@ -54,7 +56,7 @@ def grid(items: list[str]) -> list[dict[str, str]]:
 
 
 def cell_name(cell: dict[str, str]) -> str:
-    return "-".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in cell.items()) or "base"
+    return "-".join(f"{short_key(key)}={value}" for key, value in cell.items()) or "base"
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -114,22 +116,13 @@ def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]
 
 def multirun_command(args: list[str]) -> None:
     """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
-    from kiln.cli import build_cli
-
-    fit_args = args[args.index("--") + 1 :] if "--" in args else []
-    args = args[: args.index("--")] if "--" in args else args
     parser = argparse.ArgumentParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
     parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
     parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
     parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")
     parser.add_argument("--name", default="multirun", help="the folder under --root")
     parser.add_argument("--root", default="runs/multirun")
-    try:
-        options = parser.parse_args(args)
-    except SystemExit as stop:
-        if stop.code:
-            raise UsageError("kiln multirun: see `kiln multirun --help`") from None
-        raise
+    options, fit_args = parse_command(parser, args)
     if options.folds is not None and options.folds < 2:
         raise UsageError(f"--folds {options.folds}: give 2 or more")
     root = Path(options.root) / options.name
@@ -142,18 +135,14 @@ def multirun_command(args: list[str]) -> None:
             done = finished(root / name, tested)
             if done is None:
                 fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
-                run = ["fit", *fit_args, *(f"--{k}={v}" for k, v in cell.items()), f"--seed_everything={seed}",
-                       *(fold_args if fold is not None else []), f"--run.root={root}",
-                       f"--run.name={name}"]  # fmt: skip
-                command, sys.argv[1:] = sys.argv[1:], []  # the run's arguments are `run`
+                run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
+                       f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
                 try:
-                    build_cli(run)
+                    fit(run)
                 except KilnError as err:
                     runs.remove_failed_run()
                     print(f"{name}: failed: {err}", file=sys.stderr)
                     continue
-                finally:
-                    sys.argv[1:] = command
                 done = finished(root / name, tested)
             else:
                 print(f"{name}: done before ({done}), skipped", file=sys.stderr)

@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
+from kiln.sweep.inprocess import describe
 from kiln.sweep.space import Sweep
 
 
@@ -99,14 +100,6 @@ def history_image(values: list[tuple[int, float]], direction: str, width: int = 
     return canvas
 
 
-def _short(key: str) -> str:
-    return key.rsplit(".", 1)[-1]
-
-
-def _value(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def _wandb_project(study: Any) -> str | None:
     """The W&B project the trials logged to (from the best trial's config), or ``None`` when W&B was off."""
     try:
@@ -153,7 +146,7 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
     for t in trials:
         if t.user_attrs.get("surplus"):
             continue
-        note = t.user_attrs.get("error") or ", ".join(f"{_short(k)}={_value(v)}" for k, v in t.params.items())
+        note = t.user_attrs.get("error") or describe(t.params)
         value = f"{t.value:.4f}" if t.value is not None else "-"
         table.add_row(str(t.number), t.state.name, value, str(t.user_attrs.get("seconds", "-")), note)
     Console(file=sys.stderr).print(table)
