@@ -306,14 +306,23 @@ class TensorDataModule(LightningDataModule):
                 f"{type(self).__name__}: samples have shape {tuple(inputs.shape[1:])} but input_shape declares "
                 f"{tuple(self.input_shape)}; make them agree (a missing channel dimension: inputs.unsqueeze(1))"
             )
-        transform = self.train_transform() if train else None
-        return InMemoryDataset(inputs, labels, self.mean, self.std, transform, seed=self.seed)
+        return InMemoryDataset(inputs, labels, **self.sample_options(train))
 
-    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+    def sample_options(self, train: bool) -> dict[str, Any]:
+        """What each split's dataset gets from this module: normalisation; augmentation and its seed for ``train``."""
+        return {"mean": self.mean, "std": self.std, "transform": self.train_transform() if train else None,
+                "seed": self.seed}  # fmt: skip
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> Any:
+        """The loader of a split that is set up and not empty (each stops here in one line otherwise)."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
-        trainer = self.trainer
         self._refuse_empty(dataset, train)
+        return self._new_loader(dataset, train)
+
+    def _new_loader(self, dataset: Dataset, train: bool) -> Any:
+        """A DataLoader (with ``on_device`` a DeviceLoader); for ``train`` shuffled, resumable, split over ranks."""
+        trainer = self.trainer
         on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
         sampler = None
         if train:  # only training data is shuffled; evaluation order stays fixed
@@ -324,7 +333,7 @@ class TensorDataModule(LightningDataModule):
                 sampler.set_epoch(epoch)
                 sampler.skip, self.resume_position = samples, None
         if self.on_device:
-            return self._device_loader(dataset, sampler)  # type: ignore[return-value]
+            return self._device_loader(dataset, sampler)
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,

@@ -238,10 +238,8 @@ class FolderDataModule(TensorDataModule):
         if self.cache:
             images = torch.stack([decoded[p] for p, _ in files]) if files else torch.empty(0, *self.input_shape)
             return self.make_dataset(images.to(torch.uint8), labels, train=train)
-        transform = self.train_transform() if train else None
         paths = [p for p, _ in files]
-        return ImageFiles(paths, labels, self.channels, self.size, mean=self.mean, std=self.std,
-                          transform=transform, seed=self.seed)  # fmt: skip
+        return ImageFiles(paths, labels, self.channels, self.size, **self.sample_options(train))
 
     def load(self) -> None:
         kept, decoded = self._checked(self._splits())
@@ -253,7 +251,7 @@ class FolderDataModule(TensorDataModule):
             if not files:
                 kinds = ", ".join(IMAGE_SUFFIXES)
                 raise DataError(f"data.predict_dir: no image files ({kinds}) below {self.predict_dir.resolve()}")
-            self.predict_set = ImageFiles(files, None, self.channels, self.size, mean=self.mean, std=self.std)
+            self.predict_set = ImageFiles(files, None, self.channels, self.size, **self.sample_options(False))
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.predict_set if self.predict_set is not None else self.test_set, train=False)

@@ -130,9 +130,7 @@ class HFDataModule(TensorDataModule):
         return torch.tensor([self._codes[v] for v in values] if self._codes else values, dtype=torch.long)
 
     def _samples(self, table: Any, train: bool) -> HFSamples:
-        transform = self.train_transform() if train else None
-        return HFSamples(table, self.input_column, self._labels(table), self.image, mean=self.mean, std=self.std,
-                         transform=transform, seed=self.seed)  # fmt: skip
+        return HFSamples(table, self.input_column, self._labels(table), self.image, **self.sample_options(train))
 
     def load(self) -> None:
         splits = dict(self.splits_found)

@@ -153,10 +153,7 @@ class StreamingDataModule(TensorDataModule):
                                 self.seed, shuffle=train, cache_dir=self.cache_dir)  # fmt: skip
             setattr(self, f"{split}_set", dataset)
 
-    def _loader(self, dataset: Any, train: bool) -> Any:
-        if dataset is None:
-            raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
-        self._refuse_empty(dataset, train)
+    def _new_loader(self, dataset: Any, train: bool) -> Any:
         loader = _streaming_loader()(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
