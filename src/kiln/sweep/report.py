@@ -44,16 +44,19 @@ def portable(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return cleaned
 
 
-def write_best(study: Any, sweep: Sweep, sweep_dir: Path) -> Path | None:
-    """``best.yaml``: the best trial's own config, so ``kiln fit -c best.yaml`` trains it again."""
+def best_run(study: Any) -> tuple[Any, Path, dict[str, Any]] | None:
+    """The best trial, its run folder and its ``config.yaml``, read once; ``None`` before any trial completed."""
     try:
         best = study.best_trial
     except ValueError:
         return None
     run_dir = _run_folder(best)
-    if run_dir is None:
-        return None
-    config = portable(yaml.safe_load((run_dir / "config.yaml").read_text()), run_dir)
+    return (best, run_dir, yaml.safe_load((run_dir / "config.yaml").read_text())) if run_dir is not None else None
+
+
+def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> Path:
+    """``best.yaml``: the best trial's own config, so ``kiln fit -c best.yaml`` trains it again."""
+    config = portable(config, run_dir)
     config.setdefault("run", {})["name"] = f"{sweep.name}-best"
     config["run"]["root"] = "runs"
     path = sweep_dir / "best.yaml"
@@ -100,23 +103,19 @@ def history_image(values: list[tuple[int, float]], direction: str, width: int = 
     return canvas
 
 
-def _wandb_project(study: Any) -> str | None:
-    """The W&B project the trials logged to (from the best trial's config), or ``None`` when W&B was off."""
-    try:
-        run_dir = _run_folder(study.best_trial)
-    except ValueError:
+def _wandb_project(config: dict[str, Any]) -> str | None:
+    """The W&B project a trial logged to (from its config), or ``None`` when W&B was off."""
+    if os.environ.get("WANDB_MODE") == "disabled":
         return None
-    if run_dir is None or os.environ.get("WANDB_MODE") == "disabled":
-        return None
-    logger = (yaml.safe_load((run_dir / "config.yaml").read_text()).get("trainer") or {}).get("logger")
+    logger = (config.get("trainer") or {}).get("logger")
     if not isinstance(logger, dict) or "Wandb" not in str(logger.get("class_path", "")):
         return None
     return str((logger.get("init_args") or {}).get("project") or "kiln")
 
 
-def log_to_wandb(study: Any, sweep: Sweep, sweep_dir: Path, pictures: list[Path]) -> None:
+def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Path, pictures: list[Path]) -> None:
     """The pictures and the trials table in one W&B run of the sweep's group, when the trials logged to W&B."""
-    project = _wandb_project(study)
+    project = _wandb_project(config)
     if project is None:
         return
     from kiln.wandb_mode import ensure_wandb_mode
@@ -161,7 +160,11 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
         _chart(sorted(importances.items(), key=lambda kv: -kv[1]), "parameter importance (fANOVA)").save(
             sweep_dir / "importance.png"
         )
-    log_to_wandb(study, sweep, sweep_dir, [sweep_dir / "history.png", sweep_dir / "importance.png"])
-    if best := write_best(study, sweep, sweep_dir):
-        print(f"best: trial {study.best_trial.number}, {sweep.metric} {study.best_value:.6g}; rerun it with "
-              f"kiln fit -c {best}", file=sys.stderr)  # fmt: skip
+    found = best_run(study)
+    if found is None:
+        return
+    best, run_dir, config = found
+    log_to_wandb(study, config, sweep, sweep_dir, [sweep_dir / "history.png", sweep_dir / "importance.png"])
+    path = write_best(best, run_dir, config, sweep, sweep_dir)
+    print(f"best: trial {best.number}, {sweep.metric} {best.value:.6g}; rerun it with kiln fit -c {path}",
+          file=sys.stderr)  # fmt: skip
