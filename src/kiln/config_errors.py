@@ -152,7 +152,7 @@ def import_class(dotted: str) -> Any:
         return None
 
 
-def _parameters(cls: Any) -> list[str]:
+def parameters(cls: Any) -> list[str]:
     """The arguments a class accepts, through ``**kwargs`` to its bases as jsonargparse reads them."""
     names: list[str] = []
     for klass in getattr(cls, "__mro__", [cls]):
@@ -198,7 +198,7 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
         where = where_written(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
-        hint = _nearest(option, _parameters(import_class(owner)))
+        hint = _nearest(option, parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind == "class":  # the module imported, the name is not in it
         module, name = mistake.found

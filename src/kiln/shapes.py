@@ -7,14 +7,13 @@ value the user writes for one of them anyway is kept only when it agrees with th
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
-from kiln.config_errors import Source, import_class, skeleton, where_written
+from kiln.config_errors import Source, import_class, parameters, skeleton, where_written
 from kiln.errors import ConfigError, KilnError, UsageError
 
 # (what the datamodule declares, the model or network argument it sets)
@@ -25,15 +24,6 @@ LINKS: tuple[tuple[str, str], ...] = (
     ("input_shape", "model.init_args.net.init_args.input_shape"),
 )
 TARGETS = frozenset(target for _, target in LINKS)
-
-
-def takes(cls: Any, name: str) -> bool:
-    """Whether ``cls(...)`` accepts an argument ``name`` (by name or through ``**kwargs``)."""
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def _is_key(key: str) -> Callable[[str, Any], bool]:
@@ -65,7 +55,7 @@ class DataLinks:
         for _, target in LINKS:
             owner, name = target.rsplit(".init_args.", 1)
             class_path = config.get(f"{owner}.class_path")
-            if not class_path or not takes(import_class(class_path), name):
+            if not class_path or name not in parameters(import_class(class_path)):  # as jsonargparse reads them
                 continue
             self.accepted.add(target)
             if skeleton(target) in by_user and config.get(target) is not None:
