@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.class_switch import carried_over
-from kiln.config_errors import describe, import_class, sources
+from kiln.config_errors import describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
@@ -316,8 +315,7 @@ def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Names
         ]  # fmt: skip
         if not matches:
             there = sorted({c.class_path.rsplit(".", 1)[-1] for c in callbacks})
-            close = difflib.get_close_matches(name.rsplit(".", 1)[-1], there, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
+            hint = nearest(name.rsplit(".", 1)[-1], there)
             raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
         found += matches
     return found

@@ -166,7 +166,8 @@ def parameters(cls: Any) -> list[str]:
     return names
 
 
-def _nearest(word: str, options: Iterable[str]) -> str:
+def nearest(word: str, options: Iterable[str]) -> str:
+    """``; did you mean X?`` for the closest option, or nothing."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""
 
@@ -198,13 +199,13 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
         where = where_written(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
-        hint = _nearest(option, parameters(import_class(owner)))
+        hint = nearest(option, parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind == "class":  # the module imported, the name is not in it
         module, name = mistake.found
         given = f"{module}.{name}"
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-        hint = _nearest(name, names).replace("mean ", f"mean {module}.")
+        hint = nearest(name, names).replace("mean ", f"mean {module}.")
         return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
     if mistake.kind == "module":
         given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
@@ -212,7 +213,7 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
     if mistake.kind == "key":
         key = mistake.found[0]
         where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
-        return f"{where}: no such setting{_nearest(key, known_keys())}"
+        return f"{where}: no such setting{nearest(key, known_keys())}"
     (value,) = mistake.found
     where = where_written(settings, lambda p, v: skeleton(p) == skeleton(path), path)
     shown = REDACTED if is_secret_name(path) else repr(value)
