@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from lightning.pytorch import LightningDataModule
 
 from kiln.data.streaming import META, SPLITS, convert
@@ -17,7 +17,7 @@ from kiln.errors import KilnError
 
 
 def main(args: list[str] | None = None) -> None:
-    """``python -m kiln.data.streaming -c <the data's YAML files> --output DIR``: convert, in one line or one error."""
+    """``python -m kiln.convert -c <the data's YAML files> --output DIR``: convert, in one line or one error."""
     parser = ArgumentParser(prog="python -m kiln.convert", exit_on_error=False)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
@@ -33,9 +33,7 @@ def main(args: list[str] | None = None) -> None:
     except KilnError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    except Exception as err:  # a config that does not parse: its first line
-        if type(err).__name__ != "ArgumentError":
-            raise
+    except ArgumentError as err:  # a config that does not parse: its first line
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
     print(f"wrote {written} ({', '.join(s for s in SPLITS if (written / s).is_dir())}; {META})")
