@@ -208,20 +208,54 @@ def run_template(workload: str, epochs: int, started: float, kind: str = "templa
     return {"steps_per_s": timer.rate, "first_step_s": timer.first_step, **peak_memory(timer.device)}
 
 
+def sweep_overhead(trials: int) -> dict[str, float]:
+    """Per-trial cost of `kiln sweep`: identical `configs/debug/limit.yaml` trials in one sweep against the same
+    run built alone in the same process (ask, tell, storage and reporting are the difference)."""
+    import optuna
+    import yaml
+
+    from kiln.sweep.driver import run_sweep
+    from kiln.sweep.inprocess import fit
+    from kiln.sweep.space import read_sweep
+
+    quiet = ["-c", str(ROOT / "configs" / "debug" / "limit.yaml"), "--trainer.logger=false",
+             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"name": "bench", "n_trials": trials, "pruner": "none", "args": quiet,
+                "space": {"model.init_args.net.init_args.width": {"choices": [32]}}}  # fmt: skip
+        (Path(tmp) / "bench.yaml").write_text(yaml.safe_dump(spec))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        started = time.perf_counter()
+        study = run_sweep(read_sweep(Path(tmp) / "bench.yaml"), Path(tmp) / "sweeps")
+        in_sweep = [t.user_attrs["seconds"] for t in study.get_trials()][1:]  # the first pays lazy imports
+        per_trial_wall = (time.perf_counter() - started) / trials
+        alone = []
+        for n in range(len(in_sweep)):
+            began = time.perf_counter()
+            fit([*quiet, f"--run.root={tmp}/alone", f"--run.name=run{n}", "--run.test_after_fit=false"])
+            alone.append(time.perf_counter() - began)
+    trial, single = statistics.median(in_sweep), statistics.median(alone)
+    return {"trial_s": trial, "alone_s": single, "overhead_s": trial - single, "per_trial_wall_s": per_trial_wall}
+
+
 def seconds(command: list[str]) -> float:
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True, env={**os.environ, "WANDB_MODE": "offline"})
     return time.perf_counter() - started
 
 
-def one(kind: str, workload: str, small: bool) -> dict[str, float]:
-    command = [sys.executable, str(Path(__file__)), "--one", kind, "--workload", workload]
-    command += ["--started", repr(time.time())] + (["--smoke"] if small else [])
+def measure(command: list[str]) -> dict[str, float]:
+    """Run one measuring process of this script; its last stdout line is the JSON result."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"{kind}/{workload} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def one(kind: str, workload: str, small: bool) -> dict[str, float]:
+    command = [sys.executable, str(Path(__file__)), "--one", kind, "--workload", workload]
+    return measure(command + ["--started", repr(time.time())] + (["--smoke"] if small else []))
 
 
 # (workload, baseline kind, measured kind, what the ratio is)
@@ -245,7 +279,11 @@ def main() -> None:
     parser.add_argument("--one", choices=sorted({k for ks in KINDS.values() for k in ks}), help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--sweep-trials", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.sweep_trials:  # the sweep measurement, in its own process
+        print(json.dumps(sweep_overhead(options.sweep_trials)))
+        return
     if options.one:  # a single measured process
         runner = run_raw if options.one.startswith("raw") else run_template
         epochs = WORKLOADS[options.workload][1] if not options.smoke else 2
@@ -279,6 +317,12 @@ def main() -> None:
                 "extra_ms_per_step": statistics.median(1000 / b["steps_per_s"] - 1000 / a["steps_per_s"]
                                                        for a, b in pairs),
             })  # fmt: skip
+    sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "3" if options.smoke else "8"])
+    results["sweep"] = sweep
+    sweep["process_s"] = seconds(
+        [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
+         "--run.root", tempfile.mkdtemp(), "--run.test_after_fit=false"]
+    )  # fmt: skip
     if not options.smoke:
         imports, helps = [], []
         for _ in range(repeats):  # interleaved as well
@@ -325,6 +369,14 @@ def write(results: dict, repeats: int, out: Path, readme: bool) -> None:
         lines += [
             "",
             f"`kiln fit --help`: {s['help_s']:.2f} s; `python -c 'import lightning'`: {s['import_lightning_s']:.2f} s.",
+        ]
+    if "sweep" in results:
+        w = results["sweep"]
+        lines += [
+            "",
+            f"Sweep trials (`configs/debug/limit.yaml`, in-process): {w['trial_s']:.2f} s a trial in the sweep, "
+            f"{w['alone_s']:.2f} s the same run alone: overhead {w['overhead_s']:.2f} s per trial (target <= 1 s); "
+            f"as its own `kiln fit` process (`--subprocess`) {w['process_s']:.1f} s.",
         ]
     table = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)

@@ -64,13 +64,16 @@ class SaveRankWeights(Callback):
 
 class SignalAtStep(Callback):
     """Sends a real signal after optimizer step ``step``, once (a marker file remembers): to this process,
-    or with ``group`` to its whole process group, DataLoader workers included, as SLURM and systemd do."""
+    with ``group`` to its whole process group, DataLoader workers included, as SLURM and systemd do, or
+    with ``parent`` to the process that started this one (a sweep's driver) only."""
 
     def __init__(
-        self, step: int, marker: str, name: str = "SIGTERM", group: bool = False, only_in: str | None = None
-    ) -> None:
+        self, step: int, marker: str, name: str = "SIGTERM", group: bool = False, only_in: str | None = None,
+        parent: bool = False,
+    ) -> None:  # fmt: skip
         self.step, self.marker, self.signal, self.group = step, Path(marker), signal.Signals[name], group
         self.only_in = only_in  # fire only in a run whose folder path holds this (one trial of a sweep)
+        self.parent = parent
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
@@ -82,7 +85,7 @@ class SignalAtStep(Callback):
             if self.group:  # from another process, as SLURM's: workers die at once if not their parent's
                 subprocess.run(["kill", f"-{self.signal.name}", "--", f"-{os.getpgrp()}"], check=False)
             else:
-                os.kill(os.getpid(), self.signal)
+                os.kill(os.getppid() if self.parent else os.getpid(), self.signal)
 
 
 class SignalInEvaluation(Callback):

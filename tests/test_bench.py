@@ -28,3 +28,6 @@ def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp
     assert [c["measured"] for c in report["comparisons"]] == ["raw_fast", "template_fast", "template_on_device"]
     table = next(tmp_path.glob("*.md")).read_text()
     assert table.count("| cifar_gpu |") == 3
+    sweep = report["sweep"]  # the per-trial overhead of `kiln sweep`
+    assert sweep["trial_s"] > 0 and sweep["alone_s"] > 0 and sweep["process_s"] > sweep["alone_s"]
+    assert "overhead" in table

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.cli import main
 from kiln.data import DigitsDataModule
@@ -58,3 +61,27 @@ def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> No
     data = DigitsDataModule(num_workers=0, num_folds=5, fold=0)
     data.setup()
     assert torch.bincount(data.val_set.labels, minlength=10).min() >= 20  # type: ignore[union-attr, arg-type]  # stratified
+
+
+@pytest.mark.slow
+def test_subprocess_runs_take_a_ddp_preset_and_aggregate_like_the_others(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "3", "--subprocess", "--",
+               *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr
+    (run_dir,) = (tmp_path / "runs" / "multirun" / "multirun" / "base" / "seed3").iterdir()
+    tested = json.loads((run_dir / "metrics.json").read_text())["test"][0]["metrics"]["test/acc"]
+    with (tmp_path / "runs" / "multirun" / "multirun" / "results.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc")
+    assert float(row["mean"]) == pytest.approx(tested) and int(row["n"]) == 1
+
+
+def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["multirun", "--seeds", "0-2", "--", *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("add --subprocess") == 2  # the run's line and the command's: not once per seed
+    assert not Path("runs/multirun").exists()  # no empty folders left behind

@@ -14,6 +14,7 @@ from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
 from kiln.errors import ConfigError, UsageError
+from kiln.sweep.driver import sweep_command
 from kiln.sweep.space import read_sweep
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -72,6 +73,56 @@ def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tm
     trials = study(tmp_path).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
     assert trials[2].user_attrs["error"].startswith("non-finite training step")  # the guard's own line
+
+
+@pytest.mark.slow
+def test_subprocess_trials_train_on_two_ddp_ranks_report_from_rank_0_and_prune_on_both(tmp_path: Path) -> None:
+    planted = [{LR: 3e-3}] * 2 + [{LR: 1e6}, {LR: 1e-7}]  # two good, one that diverges, one worse than the median
+    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True}}, enqueue=planted,
+                      pruner="median", pruner_startup_trials=2, pruner_warmup_epochs=0)  # fmt: skip
+    spec = yaml.safe_load(path.read_text())
+    spec["args"] += ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--trainer.max_epochs=2"]
+    path.write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"},
+                          cwd=tmp_path, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2") == 4  # each trial on 2 ranks
+    trials = study(tmp_path).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
+    assert [len(t.intermediate_values) for t in trials] == [2, 2, 0, 1]  # one report per epoch: rank 0 only
+    assert trials[2].user_attrs["error"].startswith("non-finite training step")  # the child's own line
+    assert "trial-0003: pruned after epoch 0" in done.stderr  # both ranks stopped (else DDP would hang)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_driver_alone_reaches_a_subprocess_trial_which_the_rerun_resumes(tmp_path: Path) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=3",
+             "--trainer.callbacks.parent=true", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
+             "--trainer.callbacks.only_in=trial-0001"]  # fmt: skip
+    path = sweep_file(tmp_path, n_trials=2)
+    spec = yaml.safe_load(path.read_text())
+    spec["args"] += probe
+    path.write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert first.returncode == 143, first.stderr[-2000:]  # the trial saved and exited 143, then the driver
+    assert "trial-0001: interrupted; the same command resumes it" in first.stderr
+    assert states(study(tmp_path)) == ["COMPLETE", "RUNNING"]
+    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "trial-0001: resuming (its driver is gone)" in second.stderr and "resuming from" in second.stderr
+    assert states(study(tmp_path)) == ["COMPLETE"] * 2
+    assert len(list((tmp_path / "runs" / "sweeps" / "tiny" / "trial-0001").iterdir())) == 1  # resumed in place
+
+
+def test_in_process_trials_refuse_ddp_in_one_line_naming_subprocess(tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, args=[*LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")])
+    with pytest.raises(UsageError, match=r"trains on 2 processes \(DDP\).* add --subprocess"):
+        sweep_command(["-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")])
+    assert states(study(tmp_path)) == ["FAIL"]  # the sweep stops at once, not with every trial failing
+    assert not list((tmp_path / "runs" / "sweeps" / "tiny").glob("trial-*"))  # no empty run folder
 
 
 @pytest.mark.slow
@@ -152,6 +203,7 @@ def test_the_argv_wandb_agent_builds_reaches_the_model_and_the_rendered_config_i
     assert rendered == wandb_config(read_sweep(CONFIGS / "sweep" / "digits.yaml"))
     assert rendered["parameters"][LR] == {"distribution": "log_uniform_values", "min": 1e-4, "max": 3e-2}
     assert rendered["command"][:3] == ["${env}", "kiln", "fit"] and rendered["command"][-1] == "${args}"
+    assert rendered["early_terminate"] == {"type": "hyperband", "min_iter": 2}  # the median pruner's warm-up, +1
     values = {LR: 0.0123, WIDTH: 48, "data.init_args.batch_size": 32}
     argv = create_sweep_command_args({"args": {k: {"value": v} for k, v in values.items()}})["args"]  # wandb's own
     command = create_sweep_command(rendered["command"][1:])  # what the agent runs, less ${env}

@@ -32,6 +32,7 @@ from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
+from kiln.sweep import inprocess
 from kiln.testing import TestChoice, read_metrics, test_after_fit
 from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
@@ -281,6 +282,9 @@ class KilnCLI(LightningCLI):
                 raise kiln_error from None
             raise
         self.links.prune(self.model.hparams)
+
+    def before_fit(self) -> None:
+        inprocess.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]

@@ -44,6 +44,17 @@ def layout(run_dir: str | Path) -> RunLayout:
 
 
 created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
+created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The highest of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)`` creates)."""
+    top = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        top = folder
+    return top
 
 
 def _job_id() -> str | None:
@@ -75,8 +86,9 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> 
     if resume is not None:  # a resumed run goes on in its own folder
         os.environ[RUN_DIR_ENV] = str(resume)
         return resume
-    global created
+    global created, created_top
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
+    created_top = _first_missing(base)
     job = _job_id()
     if job is not None:
         run_dir = base / job
@@ -107,6 +119,13 @@ def remove_failed_run() -> Path | None:
     if created is None or not created.is_dir() or any(layout(created).checkpoints.glob("*.ckpt")):
         return None
     shutil.rmtree(created, ignore_errors=True)
+    folder = created.parent
+    while created_top is not None and folder.is_relative_to(created_top):  # the folders made for it, if empty
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        folder = folder.parent
     return created
 
 

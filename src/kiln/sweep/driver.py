@@ -1,13 +1,16 @@
 """``kiln sweep -c configs/sweep/<name>.yaml``: ask Optuna, run each trial as ``kiln fit``, tell the result.
 
 Trials run in this process (``build_cli``), one after another: a new process per trial would pay
-the ~5 s start-up (imports) each time, against a target of 1 s overhead per trial. Every trial is
-a complete ``kiln fit`` with its own run folder, so presets, health checks and resume apply.
+the ~4 s start-up (imports) each time, against a target of 1 s overhead per trial. ``--subprocess``
+runs each trial as its own ``kiln fit`` process, which DDP needs (it starts its ranks from the command
+line). Every trial is a complete ``kiln fit`` with its own run folder, so presets, health checks and
+resume apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -20,7 +23,7 @@ import yaml
 from kiln import runs
 from kiln.errors import KilnError
 from kiln.sweep import reporting
-from kiln.sweep.inprocess import describe, fit, parse_command
+from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, describe, fit, fit_process, parse_command
 from kiln.sweep.report import report
 from kiln.sweep.space import Sweep, flags, read_sweep, wandb_config
 
@@ -98,7 +101,25 @@ def _best(values: dict[int, float], direction: str) -> float | None:
     return (min if direction == "minimize" else max)(values.values()) if values else None
 
 
-def run_trial(study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: bool = False) -> str:
+def reopen_trial(spec: str) -> Any:
+    """The trial a ``--subprocess`` trial's ``kiln fit`` belongs to, from what the driver put in its environment."""
+    import optuna
+
+    given = json.loads(spec)
+    study = open_study(read_sweep(given["file"]), storage_for(Path(given["dir"]), given["storage"]))
+    return optuna.trial.Trial(study, given["trial"])  # no public call reopens a trial by id (README)
+
+
+def fit_trial_process(args: list[str], trial: Any, sweep: Sweep, sweep_dir: Path, storage: str | None) -> None:
+    """The trial as its own ``kiln fit`` process, told its trial by environment (``TrialReporter`` reopens it)."""
+    spec = {"file": sweep.file, "dir": str(sweep_dir), "storage": storage, "trial": trial._trial_id}
+    fit_process(args, {reporting.TRIAL_ENV: json.dumps(spec)})
+
+
+def run_trial(
+    study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: bool = False, storage: str | None = None,
+    subprocess_trials: bool = False,
+) -> str:  # fmt: skip
     """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
     from optuna.trial import TrialState
@@ -116,25 +137,30 @@ def run_trial(study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: boo
     reporting.current = trial
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
-    pruned = False
     try:
-        cli = fit(args)
-        pruned = any(getattr(c, "pruned", False) for c in cli.trainer.callbacks)
+        if subprocess_trials:
+            fit_trial_process(args, trial, sweep, sweep_dir, storage)
+        else:
+            fit(args)
     except AlreadyFinished:
         pass  # trained before the last driver stopped: its reported values stand
-    except (SIGTERMException, Preempted):
+    except (SIGTERMException, Preempted, Interrupted):
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
         raise
     except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on
         runs.remove_failed_run()
         line = str(err).splitlines()[0] if str(err) else ""
-        return _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
+        state = _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
+        if isinstance(err, NeedsOwnProcess):
+            raise  # every trial would fail the same way
+        return state
     finally:
         reporting.current = None
         os.environ.pop("WANDB_RUN_GROUP", None)
     trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
-    reported = study.get_trials(deepcopy=False)[trial.number].intermediate_values
-    if pruned:
+    recorded = study.get_trials(deepcopy=False)[trial.number]  # what the reporter wrote, here or in the child
+    reported = recorded.intermediate_values
+    if recorded.user_attrs.get("pruned"):
         study.tell(trial, state=TrialState.PRUNED)
         epoch = max(reported)
         print(f"{name}: pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})", file=sys.stderr)
@@ -157,7 +183,7 @@ def _fail(study: Any, trial: Any, message: str) -> str:
     return "FAIL"
 
 
-def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
+def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
     """Run trials until the study holds ``n_trials`` (any state), resuming orphaned ones first."""
     import optuna
     from optuna.trial import TrialState
@@ -166,7 +192,8 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
     study = open_study(sweep, storage_for(sweep_dir, storage))
     for orphan in _orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
         print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
-        run_trial(study, optuna.trial.Trial(study, orphan._trial_id), sweep, sweep_dir, resume=True)
+        reopened = optuna.trial.Trial(study, orphan._trial_id)
+        run_trial(study, reopened, sweep, sweep_dir, True, storage, subprocess_trials)
     if not study.get_trials(deepcopy=False):
         for values in sweep.enqueue:  # first, the settings the sweep file names
             study.enqueue_trial(values)
@@ -177,7 +204,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None) -> Any:
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             break
-        run_trial(study, trial, sweep, sweep_dir)
+        run_trial(study, trial, sweep, sweep_dir, False, storage, subprocess_trials)
     return study
 
 
@@ -189,6 +216,9 @@ def sweep_command(args: list[str]) -> None:
         "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"
     )
     parser.add_argument("--root", default="runs/sweeps", help="where sweep folders go")
+    parser.add_argument(
+        "--subprocess", action="store_true", help="each trial its own `kiln fit` process (DDP and multi-GPU trials)"
+    )
     parser.add_argument(
         "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
     )
@@ -202,9 +232,14 @@ def sweep_command(args: list[str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(wandb_config(sweep), sort_keys=False))
         print(f"wrote {path}: `wandb sweep {path}`, then `wandb agent <the sweep id it prints>` on each machine")
+        if sweep.pruner == "median":
+            print("W&B has no median pruner: its hyperband early termination stops runs from the same epoch on")
         return
     if options.report:
         study = open_study(sweep, storage_for(root / sweep.name, options.storage))
     else:
-        study = run_sweep(sweep, root, options.storage)
+        try:
+            study = run_sweep(sweep, root, options.storage, options.subprocess)
+        except Interrupted as stop:
+            sys.exit(stop.code)  # as the trial did: 143 after SIGTERM
     report(study, sweep, root / sweep.name)

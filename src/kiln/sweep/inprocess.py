@@ -1,12 +1,15 @@
-"""What ``kiln sweep`` and ``kiln multirun`` share: own options before ``--``, ``kiln fit`` runs in this process."""
+"""What ``kiln sweep`` and ``kiln multirun`` share: own options before ``--``; ``kiln fit`` here or as a process."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
 import sys
 from typing import Any
 
-from kiln.errors import UsageError
+from kiln.errors import KilnError, UsageError
 
 
 def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -21,15 +24,35 @@ def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[arg
         raise
 
 
+active = False  # a `kiln fit` is running inside `kiln sweep` or `kiln multirun`
+
+
+class NeedsOwnProcess(UsageError):
+    """A run with several processes (DDP) started inside another command: it would relaunch that command."""
+
+
+def check_one_process(devices: int) -> None:
+    """Refuse, before training, a multi-process run inside this process: DDP starts its other ranks by
+    running the command line again, which here is the sweep, not the trial."""
+    if active and devices > 1:
+        raise NeedsOwnProcess(
+            f"this run trains on {devices} processes (DDP), which cannot start inside `kiln sweep`/`kiln multirun`: "
+            "add --subprocess to run each `kiln fit` as its own process"
+        )
+
+
 def fit(args: list[str]) -> Any:
     """``kiln fit <args>`` here (``build_cli``), with the command's own ``sys.argv`` hidden for the call:
     LightningCLI warns about both, and W&B records ``sys.argv`` as the run's command."""
+    global active
     from kiln.cli import build_cli
 
     command, sys.argv[1:] = sys.argv[1:], []
+    active = True
     try:
         return build_cli(["fit", *args])
     finally:
+        active = False
         sys.argv[1:] = command
 
 
@@ -43,3 +66,40 @@ def describe(values: dict[str, Any]) -> str:
     return ", ".join(
         f"{short_key(k)}={v:.4g}" if isinstance(v, float) else f"{short_key(k)}={v}" for k, v in values.items()
     )
+
+
+STOP = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Interrupted(Exception):
+    """A ``kiln fit`` process stopped by a signal: the command stops too, and its rerun resumes the run."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"`kiln fit` exited {code}")
+        self.code = code
+
+
+def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
+    """``kiln fit <args>`` as its own process (DDP starts its ranks from that command line); its stderr
+    passes through. A stop signal to this process goes on to it, which saves and exits (``Interrupted``);
+    its error line, or a crash's last line, becomes a ``KilnError``."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "fit", *args], env={**os.environ, **(env or {})}, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    previous = {signum: signal.signal(signum, lambda signum, _: child.send_signal(signum)) for signum in STOP}
+    last = error = ""
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:
+            sys.stderr.write(line)
+            last = line.strip() or last  # a crash's traceback ends on its one line
+            error = line.strip().removeprefix("error: ") if line.startswith("error: ") else error
+    finally:
+        child.wait()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if child.returncode in (128 + signal.SIGTERM, 128 + signal.SIGUSR1):
+        raise Interrupted(child.returncode)
+    if child.returncode:
+        raise KilnError(error or last or f"`kiln fit` exited {child.returncode}")

@@ -2,9 +2,10 @@
 
     kiln multirun --seeds 0-4 --folds 5 --grid model.init_args.net.init_args.width=16,32 -- -c configs/…
 
-Every run is an in-process ``kiln fit`` in ``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run whose
-``metrics.json`` is complete is skipped on a rerun. ``results.md`` and ``results.csv`` give mean,
-sample std, 95% confidence interval (Student's t) and n per metric and grid cell.
+Every run is an in-process ``kiln fit`` (``--subprocess``: its own process, for DDP) in
+``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run whose ``metrics.json`` is complete is skipped on a
+rerun. ``results.md`` and ``results.csv`` give mean, sample std, 95% confidence interval (Student's t)
+and n per metric and grid cell.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from kiln import runs
 from kiln.errors import KilnError, UsageError
-from kiln.sweep.inprocess import fit, parse_command, short_key
+from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, fit, fit_process, parse_command, short_key
 from kiln.sweep.space import flags
 from kiln.testing import read_metrics
 
@@ -122,6 +123,7 @@ def multirun_command(args: list[str]) -> None:
     parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")
     parser.add_argument("--name", default="multirun", help="the folder under --root")
     parser.add_argument("--root", default="runs/multirun")
+    parser.add_argument("--subprocess", action="store_true", help="each run its own `kiln fit` process (DDP)")
     options, fit_args = parse_command(parser, args)
     if options.folds is not None and options.folds < 2:
         raise UsageError(f"--folds {options.folds}: give 2 or more")
@@ -138,10 +140,14 @@ def multirun_command(args: list[str]) -> None:
                 run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
                        f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
                 try:
-                    fit(run)
+                    fit_process(run) if options.subprocess else fit(run)
+                except Interrupted as stop:
+                    sys.exit(stop.code)  # stopped from outside, as the run was
                 except KilnError as err:
                     runs.remove_failed_run()
                     print(f"{name}: failed: {err}", file=sys.stderr)
+                    if isinstance(err, NeedsOwnProcess):
+                        raise  # every run would fail the same way
                     continue
                 done = finished(root / name, tested)
             else:

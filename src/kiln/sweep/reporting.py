@@ -1,17 +1,19 @@
-"""The link between an in-process ``kiln fit`` and the Optuna trial it is: epoch-end values, pruning."""
+"""The link between a ``kiln fit`` and the Optuna trial it is: epoch-end values, pruning."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+TRIAL_ENV = "KILN_SWEEP_TRIAL"  # set by `kiln sweep --subprocess` for the trial's own `kiln fit` process
 current: Any = None  # the optuna Trial the running `kiln fit` belongs to (set by the sweep driver)
 
 
 class TrialReporter(Callback):
-    """Reports ``metric`` after each validation to the current trial (rank 0 only) and stops the run
-    when the pruner says so. Without a sweep it does nothing.
+    """Reports ``metric`` after each validation to the current trial (rank 0 only) and stops the run,
+    on every rank, when the pruner says so. Without a sweep it does nothing.
 
     Args:
         metric: The logged metric the sweep optimises (e.g. ``val/loss``).
@@ -19,15 +21,25 @@ class TrialReporter(Callback):
 
     def __init__(self, metric: str = "val/loss") -> None:
         self.metric = metric
-        self.pruned = False
+        self.active = False
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        global current
+        self.active = current is not None or TRIAL_ENV in os.environ  # the same on every rank
+        if current is None and self.active and trainer.is_global_zero:  # a trial in its own process
+            from kiln.sweep.driver import reopen_trial
+
+            current = reopen_trial(os.environ[TRIAL_ENV])
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if current is None or trainer.sanity_checking or not trainer.is_global_zero:
+        if not self.active or trainer.sanity_checking:
             return
+        prune = False
         value = trainer.callback_metrics.get(self.metric)
-        if value is None:
-            return
-        current.report(float(value), step=trainer.current_epoch)
-        if current.should_prune():
-            self.pruned = True
+        if trainer.is_global_zero and value is not None:
+            current.report(float(value), step=trainer.current_epoch)
+            prune = current.should_prune()
+            if prune:
+                current.set_user_attr("pruned", True)
+        if trainer.strategy.broadcast(prune, src=0):  # every DDP rank stops at the same epoch
             trainer.should_stop = True

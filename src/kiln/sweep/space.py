@@ -51,6 +51,7 @@ class Sweep:
     args: list[str] = field(default_factory=list)  # `kiln fit` arguments every trial gets (presets, flags)
     enqueue: list[dict[str, Any]] = field(default_factory=list)  # values to try first (known-good settings)
     space: list[Param] = field(default_factory=list)
+    file: str = ""  # where it was read from (a trial in its own process reads it again)
 
 
 def _param(where: str, key: str, raw: Any) -> Param:
@@ -91,6 +92,7 @@ def read_sweep(path: str | Path) -> Sweep:
         raise UsageError(f"{where}: needs a name and a space (dotted CLI keys with their ranges)")
     sweep = Sweep(**{k: v for k, v in raw.items() if k != "space"})
     sweep.space = [_param(where, key, value) for key, value in raw["space"].items()]
+    sweep.file = str(Path(path).resolve())
     if sweep.direction not in ("minimize", "maximize"):
         raise UsageError(f"{where}: direction: {sweep.direction!r}; use minimize or maximize")
     if sweep.sampler not in SAMPLERS or sweep.pruner not in PRUNERS:
@@ -127,10 +129,13 @@ def wandb_config(sweep: Sweep) -> dict[str, Any]:
         else:
             parameters[param.key] = {"distribution": "log_uniform_values" if param.log else "uniform",
                                      "min": param.low, "max": param.high}  # fmt: skip
-    return {
+    rendered = {
         "name": sweep.name,
         "method": "bayes" if sweep.sampler == "tpe" else "random",
         "metric": {"name": sweep.metric, "goal": sweep.direction},
         "parameters": parameters,
         "command": ["${env}", "kiln", "fit", *sweep.args, "${args}"],
     }
+    if sweep.pruner == "median":  # W&B has no median rule: its hyperband stops runs from the same warm-up on
+        rendered["early_terminate"] = {"type": "hyperband", "min_iter": sweep.pruner_warmup_epochs + 1}
+    return rendered
