@@ -28,8 +28,9 @@ from kiln.class_switch import carried_over
 from kiln.config_errors import describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
 from kiln.errors import ConfigError, KilnError, UsageError
+from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
-from kiln.runs import latest_checkpoint, layout, resolve_run_dir, wandb_run_id
+from kiln.runs import best_checkpoint, latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.sweep import inprocess
@@ -130,6 +131,8 @@ class KilnCLI(LightningCLI):
     resume_dir: Path | None = None  # the run folder of the checkpoint `--ckpt_path last` resumes
     _checkpoint: dict[str, Any] | None = None  # what `--ckpt_path` names, read once (memory-mapped) until used
     test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
+    # validate/test/predict from a CLI checkpoint: its hyper-parameters, weight shapes and path
+    _trained: tuple[dict[str, Any], dict[str, tuple[int, ...]], str] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
@@ -148,21 +151,19 @@ class KilnCLI(LightningCLI):
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
         given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
         self._given = [str(a) for a in given]
-        try:
-            super().parse_arguments(parser, args)
-        except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
-            command = next((a for a in given if a in self.subcommands()), None)
-            known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
-
-            def known_keys() -> list[str]:
-                return list(known.get_defaults().keys())
-
-            raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
+        self._parse(parser, self._given if isinstance(args, list) or args is None else args)
         if not self.config.get("subcommand"):
             return
         subcommand = self.config.subcommand
         config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "best" and subcommand != "fit":  # the newest run's best checkpoint, by its ModelCheckpoint
+            best = best_checkpoint(config.run.root, config.run.name)
+            if best is None:
+                where = Path(config.run.root).resolve() / config.run.name
+                raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
+            print(f"--ckpt_path best: {best}", file=sys.stderr)
+            ckpt_path = config.ckpt_path = str(best)
         if ckpt_path == "last":
             found = latest_checkpoint(config.run.root, config.run.name)
             if found is None:
@@ -177,6 +178,35 @@ class KilnCLI(LightningCLI):
             self.resume_dir = found.parent.parent if found else None
         elif ckpt_path not in (None, "best", "hpc"):
             self._checkpoint = load_checkpoint_file(ckpt_path, mmap=True)  # a one-line CheckpointError naming the file
+        if subcommand != "fit" and self._checkpoint is not None:
+            self._rebuild_from_checkpoint(parser, subcommand, self._checkpoint, str(self.config[subcommand].ckpt_path))
+
+    def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
+            given = self._given
+            command = next((a for a in given if a in self.subcommands()), None)
+            known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
+
+            def known_keys() -> list[str]:
+                return list(known.get_defaults().keys())
+
+            raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
+
+    def _rebuild_from_checkpoint(
+        self, parser: LightningArgumentParser, subcommand: str, checkpoint: dict[str, Any], ckpt_path: str
+    ) -> None:
+        """Parse again with the model and data the checkpoint was trained with as the first ``-c``: the
+        default data never meets another run's weights, and what the command gives still applies over it."""
+        saved = saved_config(checkpoint, ckpt_path)
+        if saved is None or subcommand not in self._given:
+            return  # not written by the CLI: Lightning's own reading of its hyper-parameters applies
+        at = self._given.index(subcommand) + 1
+        self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
+        self.config[subcommand].ckpt_path = ckpt_path
+        self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
+        print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
 
     @staticmethod
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
@@ -202,6 +232,8 @@ class KilnCLI(LightningCLI):
         if subcommand == "fit":
             refuse_changed_settings(saved, self.config.fit.model, self.config.fit.ckpt_path)
             return  # the model is built from the command line, which matches the checkpoint
+        if self._trained is not None:
+            return  # parsed with the checkpoint's model and data under the command's own settings
         given = self.config[subcommand].clone()
         super()._parse_ckpt_path()
         keep_given_secrets(saved, given.model, self.config[subcommand].model)
@@ -282,6 +314,8 @@ class KilnCLI(LightningCLI):
                 raise kiln_error from None
             raise
         self.links.prune(self.model.hparams)
+        if self._trained is not None:
+            refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
 
     def before_fit(self) -> None:
         inprocess.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)

@@ -16,6 +16,8 @@ UNHELPFUL = [
 DEPENDENCY_WARNINGS = [
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree",
      "Lightning 2.6 builds torch's deprecated LeafSpec in every batch transfer; Lightning must change, not kiln"),
+    (UserWarning, r"The dirpath has changed from", r"lightning\.pytorch\.callbacks\.model_checkpoint",
+     "validate/test/predict from a checkpoint run in their own folder (a resume keeps its folder): nothing is lost"),
 ]  # fmt: skip
 
 

@@ -14,18 +14,18 @@ from kiln.shapes import TARGETS
 RUNTIME_ONLY = {"compile", "compile_mode", "channels_last", "fused", "foreach", "activation_checkpointing"}
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+def flat(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, Namespace):
         value = value.as_dict()
     if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in _flat(item, f"{prefix}{key}.").items()}
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
     return {prefix.rstrip("."): list(value) if isinstance(value, tuple) else value}
 
 
-def _saved_model(hparams: dict[str, Any]) -> dict[str, Any]:
+def saved_model(hparams: dict[str, Any]) -> dict[str, Any]:
     """Checkpoint hyper-parameters keyed as the CLI's ``model`` config is."""
     init = {k: v for k, v in hparams.items() if not k.startswith("_")}
-    return _flat({"class_path": hparams.get("_class_path"), "init_args": init}, "model.")
+    return flat({"class_path": hparams.get("_class_path"), "init_args": init}, "model.")
 
 
 def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path: str) -> None:
@@ -36,7 +36,7 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
     """
     if not hparams.get("_class_path"):
         return  # not saved by the CLI: nothing to compare
-    saved, given = _saved_model(hparams), _flat(model, "model.")
+    saved, given = saved_model(hparams), flat(model, "model.")
     changed = [
         (key, saved[key], value)
         for key, value in given.items()
@@ -56,7 +56,7 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
 
 def keep_given_secrets(hparams: dict[str, Any], given: Namespace, merged: Namespace) -> None:
     """Where the checkpoint holds a redacted secret, keep the value the command line gave."""
-    for key, value in _saved_model(hparams).items():
+    for key, value in saved_model(hparams).items():
         if value == REDACTED:
             name = key.removeprefix("model.")
             if name in given:

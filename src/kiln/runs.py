@@ -142,6 +142,21 @@ def latest_checkpoint(root: str | Path, name: str) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
+def best_checkpoint(root: str | Path, name: str) -> Path | None:
+    """The best checkpoint of experiment ``name``'s newest run, as its ``ModelCheckpoint`` recorded it."""
+    from kiln.checkpointing import load_checkpoint_file
+
+    last = latest_checkpoint(root, name)
+    if last is None:
+        return None
+    states = load_checkpoint_file(last, mmap=True).get("callbacks", {})
+    for key, state in states.items():
+        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
+        if best and Path(best).is_file():
+            return Path(best)
+    return None
+
+
 def wandb_run_id(run_dir: Path) -> str | None:
     """The id of the W&B run logged in ``run_dir`` (its ``wandb/latest-run`` points at ``…-<id>``)."""
     latest = layout(run_dir).wandb / "latest-run"

@@ -184,6 +184,12 @@ def k_folds(labels: Sequence[int], k: int, seed: int) -> Tensor:
     return folds
 
 
+def _built(value: Any) -> bool:
+    """A hyper-parameter that is a built object (a module, a function), or a list of them, not a config."""
+    items = value if isinstance(value, list | tuple) else [value]
+    return any(isinstance(v, nn.Module) or callable(v) for v in items)
+
+
 class TensorDataModule(LightningDataModule):
     """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
 
@@ -238,6 +244,9 @@ class TensorDataModule(LightningDataModule):
         fold_seed: int = 0,
     ) -> None:
         super().__init__()
+        self.save_hyperparameters(logger=False)  # under the CLI, its config of the data: a checkpoint rebuilds it
+        for key in [k for k, v in self.hparams.items() if _built(v)]:
+            del self.hparams[key]  # objects built in Python (a notebook's transforms): not a config
         if num_folds is not None and not (num_folds >= 2 and fold < num_folds):
             raise ConfigError(f"data.num_folds {num_folds}, data.fold {fold}: need num_folds >= 2 and fold < num_folds")
         self.num_folds, self.fold, self.fold_seed = num_folds, int(fold), fold_seed

@@ -1,0 +1,89 @@
+"""A checkpoint is enough: validate, test and predict rebuild the model and the data it was trained with."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers import LIMIT
+
+from kiln.cli import build_cli, main
+from kiln.from_checkpoint import saved_config
+
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+WIDTH = "--model.init_args.net.init_args.width"
+
+
+def probabilities(path: Path) -> list[list[str]]:
+    with path.open() as f:
+        return [[v for k, v in row.items() if re.fullmatch(r"p\d+|p_.*", k)] for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_predict_with_only_the_checkpoint_gives_the_in_process_probabilities(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root = ["--run.root", str(tmp_path)]
+    fit = build_cli(["fit", *LIMIT, *QUIET, *root, f"{WIDTH}=16", "--run.name=narrow", "--run.test_after_fit=false"])
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    expected = torch.cat(fit.trainer.predict(fit.model, datamodule=fit.datamodule, ckpt_path=best))  # type: ignore[arg-type]
+    predict = build_cli(["predict", "--ckpt_path", best, *LIMIT, *QUIET, *root])  # no -c, no width, no name
+    assert predict.model.net.features[0].out_channels == 16
+    (written,) = Path(predict.trainer.default_root_dir).glob("predictions.csv")
+    assert written.parent.parent.name == "narrow"  # beside the run's own folder
+    assert probabilities(written) == [[f"{p:.6f}" for p in row] for row in expected.tolist()]
+    capsys.readouterr()
+    build_cli(["validate", "--ckpt_path", "best", "--run.name=narrow", *LIMIT, *QUIET, *root])
+    assert f"--ckpt_path best: {best}" in capsys.readouterr().err  # which file `best` chose
+
+
+@pytest.mark.slow
+def test_an_override_the_weights_cannot_take_stops_in_one_line_naming_both_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root = ["--run.root", str(tmp_path)]
+    fit = build_cli(["fit", *LIMIT, *QUIET, *root, f"{WIDTH}=16", "--run.test_after_fit=false"])
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", "--ckpt_path", best, f"{WIDTH}=32", *QUIET, *root])
+    assert stop.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "model.init_args.net.init_args.width" in line and "trained with 16, this command gives 32" in line
+    assert len(list((tmp_path / "digits").iterdir())) == 1  # the fit's run folder only: none left by the refusal
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_tested_on_its_own_data_never_the_default_of_the_same_shape(tmp_path: Path) -> None:
+    synthetic = [
+        "--data",
+        "kiln.data.SyntheticDataModule",
+        "--data.channels=1",
+        "--data.size=8",
+        "--data.num_samples=320",
+    ]  # fmt: skip  (the shapes of the default digits: 1x8x8, 10 classes)
+    root = ["--run.root", str(tmp_path)]
+    fit = build_cli(["fit", *LIMIT, *QUIET, *root, *synthetic])
+    after_fit = fit.test_metrics or {}
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    again = build_cli(["test", "--ckpt_path", best, *QUIET, *root])
+    assert type(again.datamodule).__name__ == "SyntheticDataModule" and again.datamodule.num_samples == 320
+    assert again.trainer.callback_metrics["test/acc"].item() == after_fit["test/acc"]  # what the run computed
+
+
+def test_the_saved_config_holds_the_model_and_the_data_but_not_what_the_data_links() -> None:
+    cli = build_cli(["--data", "kiln.data.SyntheticDataModule", "--data.size=8", f"{WIDTH}=16", *QUIET], run=False)
+    checkpoint = {
+        "hyper_parameters": dict(cli.model.hparams),
+        "datamodule_hyper_parameters": dict(cli.datamodule.hparams),
+    }
+    saved = yaml.safe_load(saved_config(checkpoint, "nowhere/checkpoints/x.ckpt") or "")
+    assert saved["data"]["class_path"] == "kiln.data.SyntheticDataModule" and saved["data"]["init_args"]["size"] == 8
+    net = saved["model"]["init_args"]["net"]
+    assert net["init_args"]["width"] == 16 and "num_classes" not in saved["model"]["init_args"]
+    assert not {"num_classes", "in_channels"} & set(net["init_args"])  # set again from the data
+    assert "run" not in saved  # no run folder config.yaml to take the experiment name from
