@@ -406,6 +406,16 @@ def main(args: ArgsType = None) -> None:
 
             multirun_command(argv[1:])
             return
+        if argv[:1] == ["export"]:  # ONNX and torch.export files, checked against the eager model
+            from kiln.export import export_command
+
+            export_command(argv[1:])
+            return
+        if argv[:1] == ["infer"]:  # the same as `kiln infer` (which does not import this module)
+            from kiln.infer import infer_command
+
+            infer_command(argv[1:])
+            return
         build_cli(args)
     except AlreadyFinished as done:
         print(done, file=sys.stderr)

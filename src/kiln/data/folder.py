@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from jsonargparse.typing import PositiveInt
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
 from kiln.errors import ConfigError, DataError
+from kiln.images import pixel_array
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")
 SPLITS = ("train", "val", "test")
@@ -35,12 +35,8 @@ def imagenet_stats(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]
 
 
 def pixels(image: Image.Image, channels: int, size: tuple[int, int]) -> Tensor:
-    """A Pillow image as uint8 ``(channels, *size)``: converted, and resized (antialiased when shrinking)."""
-    image = image.convert("RGB" if channels == 3 else "L")
-    if image.size != (size[1], size[0]):
-        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    array = torch.from_numpy(np.asarray(image).copy())
-    return array.unsqueeze(0) if array.ndim == 2 else array.permute(2, 0, 1).contiguous()
+    """A Pillow image as uint8 ``(channels, *size)`` (``kiln.images.pixel_array``, which ``kiln infer`` uses too)."""
+    return torch.from_numpy(pixel_array(image, channels, size))
 
 
 def decode(path: Path, channels: int, size: tuple[int, int]) -> Tensor:

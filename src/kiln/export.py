@@ -1,0 +1,170 @@
+"""``kiln export --ckpt_path FILE --format onnx,pt2``: the trained network for serving, checked against itself.
+
+Writes ``model.onnx`` (dynamic batch; ``kiln infer`` runs it without torch), ``model.pt2``
+(``torch.export``), ``preprocess.json`` (what an input needs before the network) and ``parity.json``:
+max absolute difference and top-1 agreement against the eager model on the test split, per batch
+size. Above the tolerance nothing is kept. Everything is written to a temporary folder first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kiln.checkpointing import load_checkpoint_file
+from kiln.config_errors import import_class
+from kiln.errors import KilnError, UsageError
+from kiln.sweep.inprocess import parse_command
+
+FORMATS = ("onnx", "pt2")
+
+
+class Probabilities(nn.Module):
+    """The model as served: class probabilities, as ``predict`` writes them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x).softmax(dim=-1)
+
+
+def load_trained(ckpt_path: str) -> tuple[Any, Any]:
+    """The model and the datamodule as the checkpoint's run built them (their classes imported first:
+    Lightning refuses to import a class a checkpoint names)."""
+    from lightning import LightningDataModule, LightningModule
+
+    checkpoint = load_checkpoint_file(ckpt_path, mmap=True)
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        dotted = (checkpoint.get(key) or {}).get("_class_path")
+        if not dotted:
+            raise UsageError(f"{ckpt_path}: not written by `kiln fit` of this version (no model or data config in it)")
+        if import_class(dotted) is None:
+            raise UsageError(f"{ckpt_path}: its class {dotted} cannot be imported here")
+    with warnings.catch_warnings():  # Lightning rebuilds them through jsonargparse's deprecated instantiate_classes
+        warnings.filterwarnings("ignore", message=r"\s*``instantiate_classes`` was deprecated")
+        warnings.filterwarnings("ignore", message=r"\s*By default only one JsonargparseDeprecationWarning")
+        model = LightningModule.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
+        data = LightningDataModule.load_from_checkpoint(ckpt_path)
+    data.setup("test")
+    return model, data
+
+
+def preprocess(data: Any) -> dict[str, Any]:
+    """What ``kiln infer`` does to a file before the network: decode, resize, scale, normalise."""
+    return {
+        "input_shape": list(data.input_shape),
+        "scale": 1 / 255,  # uint8 pixels to [0, 1], then (x - mean) / std per channel
+        "mean": list(data.mean),
+        "std": list(data.std),
+        "resize": "bilinear",
+        "class_names": list(data.class_names) if data.class_names else None,
+        "input": "input",
+        "output": "probabilities",
+    }
+
+
+def test_inputs(data: Any, limit: int) -> Tensor:
+    """Up to ``limit`` normalised test inputs, in order."""
+    batches, n = [], 0
+    for batch in data.test_dataloader():
+        x = batch[0] if isinstance(batch, list | tuple) else batch
+        batches.append(x)
+        n += len(x)
+        if n >= limit:
+            break
+    return torch.cat(batches)[:limit].float()
+
+
+def parity(run: Any, eager: nn.Module, inputs: Tensor, batch_sizes: list[int]) -> dict[str, dict[str, float]]:
+    """Max |difference| and top-1 agreement of ``run`` (an exported model) against ``eager``, per batch size."""
+    found = {}
+    with torch.inference_mode():
+        for size in batch_sizes:
+            worst, agree = 0.0, 0
+            for chunk in inputs.split(size):
+                want, got = eager(chunk), torch.as_tensor(run(chunk))
+                worst = max(worst, (want - got).abs().max().item())
+                agree += int((want.argmax(-1) == got.argmax(-1)).sum())
+            found[str(size)] = {"max_abs_diff": worst, "top1_agreement": agree / len(inputs)}
+    return found
+
+
+def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
+           samples: int) -> dict[str, Any]:  # fmt: skip
+    """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing."""
+    model, data = load_trained(ckpt_path)
+    served = Probabilities(model).eval()
+    inputs = test_inputs(data, samples)
+    example = inputs[: max(2, min(7, len(inputs)))]
+    batch = torch.export.Dim("batch", min=1)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance}
+    try:
+        if "onnx" in formats:
+            import onnxruntime
+
+            torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
+                              external_data=False, input_names=["input"], output_names=["probabilities"],
+                              dynamic_shapes={"x": {0: batch}})  # fmt: skip
+            session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
+            report["onnx"] = parity(lambda x: session.run(None, {"input": x.numpy()})[0], served, inputs, batch_sizes)
+        if "pt2" in formats:
+            program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
+            torch.export.save(program, staging / "model.pt2")
+            reloaded = torch.export.load(staging / "model.pt2").module()
+            report["pt2"] = parity(reloaded, served, inputs, batch_sizes)
+        (staging / "preprocess.json").write_text(json.dumps(preprocess(data), indent=2))
+        (staging / "parity.json").write_text(json.dumps(report, indent=2))
+        bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
+               if r["max_abs_diff"] > tolerance or r["top1_agreement"] < 1.0]  # fmt: skip
+        if bad:
+            fmt, size, r = bad[0]
+            raise KilnError(
+                f"{fmt} export differs from the eager model at batch size {size}: max |difference| "
+                f"{r['max_abs_diff']:.2e} (tolerance {tolerance:g}), top-1 agreement {r['top1_agreement']:.2%}; "
+                "nothing was written"
+            )
+        staging.rename(output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def export_command(args: list[str]) -> None:
+    """``kiln export --ckpt_path FILE [--format onnx,pt2] [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
+    parser = argparse.ArgumentParser(prog="kiln export", description="Export a trained model for serving.")
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint `kiln fit` wrote")
+    parser.add_argument("--format", default="onnx,pt2", help="onnx, pt2 or both (comma-separated)")
+    parser.add_argument("--output", type=Path, help="default: export/ in the checkpoint's run folder")
+    parser.add_argument("--batch_sizes", default="1,64", help="batch sizes the parity check runs")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max |difference| allowed")
+    parser.add_argument("--samples", type=int, default=1024, help="test samples the parity check uses")
+    options, extra = parse_command(parser, args)
+    formats = options.format.split(",")
+    if extra or not formats or not set(formats) <= set(FORMATS):
+        raise UsageError(f"kiln export: --format {options.format!r}: give {' or '.join(FORMATS)} (comma-separated)")
+    try:
+        sizes = [int(s) for s in options.batch_sizes.split(",")]
+    except ValueError:
+        raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give integers, e.g. 1,64") from None
+    output = options.output or Path(options.ckpt_path).resolve().parent.parent / "export"
+    if output.exists():
+        raise UsageError(f"kiln export: {output} exists; remove it or give another --output")
+    report = export(options.ckpt_path, output, formats, sizes, options.tolerance, options.samples)
+    for fmt in formats:
+        for size, r in report[fmt].items():
+            print(f"{fmt} batch {size}: max |difference| {r['max_abs_diff']:.2e}, top-1 agreement "
+                  f"{r['top1_agreement']:.2%} on {report['samples']} test samples", file=sys.stderr)  # fmt: skip
+    print(f"exported to {output}: `kiln infer --model {output / 'model.onnx'} <images or folder>`", file=sys.stderr)

@@ -1,0 +1,104 @@
+"""``kiln infer --model model.onnx <images or folders>``: predictions from an exported model, without torch.
+
+Needs onnxruntime, numpy and Pillow only (``pip install kiln[onnx]`` on a serving machine). The
+images are decoded and resized as the folder data does (``kiln.images``), then scaled and
+normalised as ``preprocess.json`` beside the model says; ``predictions.csv`` gets a row per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from kiln.errors import DataError, UsageError
+from kiln.images import pixel_array
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+def files(given: list[str]) -> list[Path]:
+    """The image files named, and those in the folders named (sorted, recursively)."""
+    found: list[Path] = []
+    for name in given:
+        path = Path(name)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise UsageError(f"kiln infer: {path}: no such file or folder")
+    if not found:
+        raise UsageError(f"kiln infer: no image files in {', '.join(given)}")
+    return found
+
+
+def inputs(paths: list[Path], spec: dict[str, Any]) -> np.ndarray:
+    """The files as the network's normalised float32 input ``(N, C, H, W)``."""
+    channels, height, width = spec["input_shape"]
+    mean = np.asarray(spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(spec["std"], dtype=np.float32).reshape(-1, 1, 1)
+    arrays = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                arrays.append(pixel_array(image, channels, (height, width)))
+        except (OSError, SyntaxError, ValueError) as err:
+            raise DataError(f"{path}: unreadable or truncated image ({str(err).splitlines()[0]})") from None
+    return ((np.stack(arrays).astype(np.float32) * np.float32(spec["scale"]) - mean) / std).astype(np.float32)
+
+
+def batches(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> Path:
+    """Write ``output`` (a CSV: path, predicted class, one probability per class) for the images given."""
+    import onnxruntime
+
+    spec_file = model.parent / "preprocess.json"
+    if not model.is_file() or not spec_file.is_file():
+        raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
+    spec = json.loads(spec_file.read_text())
+    if len(spec["input_shape"]) != 3:
+        raise UsageError(f"kiln infer reads image files; {model} takes inputs of shape {spec['input_shape']}")
+    paths = files(given)
+    x = inputs(paths, spec)
+    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    probs = np.concatenate([session.run(None, {spec["input"]: x[part]})[0] for part in batches(len(x), batch_size)])
+    names = spec["class_names"] or [str(c) for c in range(probs.shape[1])]
+    partial = output.with_name(f".{output.name}.partial")
+    with partial.open("w", newline="") as f:  # renamed when complete: never a half-written file
+        writer = csv.writer(f)
+        writer.writerow(["path", "predicted", "class", *(f"p_{name}" for name in names)])
+        for path, row in zip(paths, probs, strict=True):
+            best = int(row.argmax())
+            writer.writerow([str(path), best, names[best], *(f"{p:.6f}" for p in row)])
+    partial.replace(output)
+    return output
+
+
+def infer_command(args: list[str]) -> None:
+    """``kiln infer --model model.onnx [--output predictions.csv] [--batch_size 64] <images or folders>``."""
+    parser = argparse.ArgumentParser(prog="kiln infer", description="Predict with an exported model, without torch.")
+    parser.add_argument("--model", type=Path, required=True, help="model.onnx from `kiln export`")
+    parser.add_argument("--output", type=Path, default=Path("predictions.csv"))
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("inputs", nargs="+", help="image files and folders of them")
+    try:
+        options = parser.parse_args(args)
+    except SystemExit as stop:
+        if stop.code:
+            raise UsageError("kiln infer: see `kiln infer --help`") from None
+        raise
+    written = infer(options.model, options.inputs, options.output, options.batch_size)
+    print(f"wrote {written}", file=sys.stderr)

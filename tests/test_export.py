@@ -1,0 +1,66 @@
+"""Export for serving: ONNX and torch.export files that agree with the eager model; `kiln infer` without torch."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dataset_files import write_image_folder
+from helpers import LIMIT
+
+from kiln.cli import build_cli, main
+from kiln.data.folder import decode
+
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+@pytest.mark.slow
+def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_path: Path) -> None:
+    fit = build_cli(["fit", *LIMIT, *QUIET, "--run.root", str(tmp_path), "--run.test_after_fit=false"])
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    out = tmp_path / "served"
+    main(["export", "--ckpt_path", best, "--output", str(out), "--batch_sizes", "1,7"])
+    assert {p.name for p in out.iterdir()} == {"model.onnx", "model.pt2", "preprocess.json", "parity.json"}
+    report = json.loads((out / "parity.json").read_text())
+    assert report["samples"] == len(fit.datamodule.test_set)
+    for fmt in ("onnx", "pt2"):
+        for size in ("1", "7"):
+            assert report[fmt][size]["max_abs_diff"] < 1e-4 and report[fmt][size]["top1_agreement"] == 1.0
+    model = fit.model.eval()
+    x = torch.randn(5, 1, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(torch.export.load(out / "model.pt2").module()(x), model(x).softmax(-1), atol=1e-6)
+
+    images = write_image_folder(tmp_path / "images", classes=3, per_class=2)
+    command = [sys.executable, "-X", "importtime", "-m", "kiln", "infer", "--model", str(out / "model.onnx"),
+               "--output", str(tmp_path / "predictions.csv"), str(tmp_path / "images")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "onnxruntime" in imported and not {m for m in imported if m == "torch" or m.startswith("torch.")}
+    with (tmp_path / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["path"] for row in rows] == [str(p) for p in sorted(images)]
+    mean, std = fit.datamodule.mean, fit.datamodule.std
+    with torch.inference_mode():
+        inputs = torch.stack([decode(p, 1, (8, 8)).float() / 255 for p in sorted(images)])
+        eager = model((inputs - mean[0]) / std[0]).softmax(-1)
+    got = torch.tensor([[float(row[f"p_{c}"]) for c in range(10)] for row in rows])
+    assert torch.allclose(got, eager, atol=2e-6)  # the CSV's 6 decimals
+    assert [int(row["predicted"]) for row in rows] == eager.argmax(-1).tolist()
+
+
+def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "served").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "--ckpt_path", "x.ckpt", "--format", "tflite"])
+    assert stop.value.code == 2
+    with pytest.raises(SystemExit) as stop:
+        main(["export", "--ckpt_path", "x.ckpt", "--output", str(tmp_path / "served")])
+    assert stop.value.code == 2 and not any((tmp_path / "served").iterdir())
