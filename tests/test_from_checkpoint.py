@@ -12,6 +12,7 @@ import yaml
 from helpers import LIMIT
 
 from kiln.cli import build_cli, main
+from kiln.errors import UsageError
 from kiln.from_checkpoint import saved_config
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -87,3 +88,30 @@ def test_the_saved_config_holds_the_model_and_the_data_but_not_what_the_data_lin
     assert net["init_args"]["width"] == 16 and "num_classes" not in saved["model"]["init_args"]
     assert not {"num_classes", "in_channels"} & set(net["init_args"])  # set again from the data
     assert "run" not in saved  # no run folder config.yaml to take the experiment name from
+
+
+@pytest.mark.slow
+def test_init_from_starts_a_new_run_from_the_weights_with_a_new_head_for_other_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root = ["--run.root", str(tmp_path)]
+    fit = build_cli(["fit", *LIMIT, *QUIET, *root, "--run.test_after_fit=false"])
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    saved = torch.load(best, weights_only=True)["state_dict"]
+    five = ["--data", "kiln.data.SyntheticDataModule", "--data.channels=1", "--data.size=8", "--data.num_classes=5",
+            "--data.num_samples=320"]  # fmt: skip
+    capsys.readouterr()
+    tuned = build_cli([*LIMIT, *QUIET, *root, *five, "--init_from", best, "--run.name=five"], run=False)
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--init_from")]
+    assert "18 of 20 weights loaded; new, as their shape differs: net.head.1.weight, net.head.1.bias" in line
+    weights = tuned.model.state_dict()
+    assert all(torch.equal(weights[k], v) for k, v in saved.items() if not k.startswith("net.head"))  # step 0
+    assert weights["net.head.1.weight"].shape == (5, 64)  # a new head for 5 classes
+    assert tuned.trainer.current_epoch == 0 and tuned.run_dir is not None and tuned.run_dir.parent.name == "five"
+
+
+def test_init_from_a_checkpoint_of_another_network_stops_in_one_line(tmp_path: Path) -> None:
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"encoder.weight": torch.zeros(3, 3)}}, other)
+    with pytest.raises(UsageError, match=r"--init_from .*other.ckpt: none of its 1 weights fit this model"):
+        build_cli([*QUIET, "--init_from", str(other)], run=False)

@@ -29,6 +29,7 @@ from kiln.config_errors import describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
+from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.runs import best_checkpoint, latest_checkpoint, layout, resolve_run_dir, wandb_run_id
 from kiln.secrets import redact, redact_text, secret_values
@@ -243,6 +244,10 @@ class KilnCLI(LightningCLI):
         # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
         parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
         self.links.add_to(parser)  # num_classes, in_channels, input_shape: from the data, never restated
+        parser.add_argument(
+            "--init_from", type=str | None, default=None,
+            help="fit: start a new run from this checkpoint's weights (fine-tuning): new optimizer, schedule, folder",
+        )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -314,6 +319,17 @@ class KilnCLI(LightningCLI):
                 raise kiln_error from None
             raise
         self.links.prune(self.model.hparams)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("init_from"):
+            if self.subcommand not in (None, "fit"):
+                raise UsageError(f"--init_from starts a new `fit` from a checkpoint's weights; for {self.subcommand}, "
+                                 "name the checkpoint with --ckpt_path")  # fmt: skip
+            if config.get("ckpt_path"):  # the same command with `--ckpt_path last` goes on after a stop
+                print(
+                    f"--init_from {config.init_from}: not applied, the run resumes its own checkpoint", file=sys.stderr
+                )
+            else:
+                print(load_weights(self.model, config.init_from), file=sys.stderr)
         if self._trained is not None:
             refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
 
