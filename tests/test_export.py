@@ -32,6 +32,9 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
     for fmt in ("onnx", "pt2"):
         for size in ("1", "7"):
             assert report[fmt][size]["max_abs_diff"] < 1e-4 and report[fmt][size]["top1_agreement"] == 1.0
+    with pytest.raises(SystemExit) as stop:  # above the tolerance: one line, nothing written
+        main(["export", "--ckpt_path", best, "--output", str(tmp_path / "strict"), "--tolerance=-1"])
+    assert stop.value.code == 1 and not list(tmp_path.glob("*strict*"))
     model = fit.model.eval()
     x = torch.randn(5, 1, 8, 8)
     with torch.inference_mode():

@@ -108,6 +108,22 @@ def test_init_from_starts_a_new_run_from_the_weights_with_a_new_head_for_other_c
     assert all(torch.equal(weights[k], v) for k, v in saved.items() if not k.startswith("net.head"))  # step 0
     assert weights["net.head.1.weight"].shape == (5, 64)  # a new head for 5 classes
     assert tuned.trainer.current_epoch == 0 and tuned.run_dir is not None and tuned.run_dir.parent.name == "five"
+    command = [
+        "fit",
+        *LIMIT,
+        *QUIET,
+        *root,
+        *five,
+        "--init_from",
+        best,
+        "--run.name=five",
+        "--run.test_after_fit=false",
+    ]
+    first = build_cli(command)
+    capsys.readouterr()
+    resumed = build_cli([*command, "--ckpt_path", "last", "--trainer.max_epochs=3"])  # after a stop: go on
+    assert "not applied, the run resumes its own checkpoint" in capsys.readouterr().err
+    assert resumed.trainer.current_epoch == 3 and resumed.run_dir == first.run_dir  # in its own folder
 
 
 def test_init_from_a_checkpoint_of_another_network_stops_in_one_line(tmp_path: Path) -> None:
