@@ -71,7 +71,7 @@ def test_generation_renames_the_package_everywhere(project: Path) -> None:
     assert mentions == []
     assert (project / "README.md").read_text().startswith("# Retina Scan\n\nFinds things in retinas.\n")
     pyproject = (project / "pyproject.toml").read_text()
-    assert 'name = "retina-scan"' in pyproject and 'retina_scan = "retina_scan.cli:main"' in pyproject
+    assert 'name = "retina-scan"' in pyproject and 'retina_scan = "retina_scan.__main__:main"' in pyproject
     assert 'authors = [{ name = "Ada \\"L\\" Byron" }]' in pyproject
     assert "class_path: retina_scan.nets.SmallCNN" in (project / "configs" / "train.yaml").read_text()
     assert "retina_scan fit" in (project / "Makefile").read_text()

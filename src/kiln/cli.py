@@ -152,7 +152,7 @@ class KilnCLI(LightningCLI):
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
         given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
         self._given = [str(a) for a in given]
-        self._parse(parser, self._given if isinstance(args, list) or args is None else args)
+        self._parse(parser, args)
         if not self.config.get("subcommand"):
             return
         subcommand = self.config.subcommand
@@ -204,7 +204,11 @@ class KilnCLI(LightningCLI):
         if saved is None or subcommand not in self._given:
             return  # not written by the CLI: Lightning's own reading of its hyper-parameters applies
         at = self._given.index(subcommand) + 1
-        self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
+        command, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns when it sees both args and sys.argv
+        try:
+            self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
+        finally:
+            sys.argv[1:] = command
         self.config[subcommand].ckpt_path = ckpt_path
         self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
         print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
