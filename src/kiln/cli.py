@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,11 +205,8 @@ class KilnCLI(LightningCLI):
         if saved is None or subcommand not in self._given:
             return  # not written by the CLI: Lightning's own reading of its hyper-parameters applies
         at = self._given.index(subcommand) + 1
-        command, sys.argv[1:] = sys.argv[1:], []  # LightningCLI warns when it sees both args and sys.argv
-        try:
+        with argv_hidden():  # LightningCLI warns when it sees both args and sys.argv
             self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
-        finally:
-            sys.argv[1:] = command
         self.config[subcommand].ckpt_path = ckpt_path
         self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
         print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
@@ -355,6 +353,17 @@ class KilnCLI(LightningCLI):
             raise
 
 
+@contextmanager
+def argv_hidden() -> Iterator[None]:
+    """``sys.argv[1:]`` empty for a parse given its own arguments: LightningCLI warns when it sees both,
+    and W&B records ``sys.argv`` as a run's command."""
+    command, sys.argv[1:] = sys.argv[1:], []
+    try:
+        yield
+    finally:
+        sys.argv[1:] = command
+
+
 def _is_a(node: Namespace, base: type) -> bool:
     """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
     cls = import_class(node.class_path)
@@ -431,11 +440,6 @@ def main(args: ArgsType = None) -> None:
 
             export_command(argv[1:])
             return
-        if argv[:1] == ["infer"]:  # the same as `kiln infer` (which does not import this module)
-            from kiln.infer import infer_command
-
-            infer_command(argv[1:])
-            return
         build_cli(args)
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
@@ -445,6 +449,8 @@ def main(args: ArgsType = None) -> None:
         sys.exit(err.exit_code)
     except SIGTERMException:
         sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved
+    except inprocess.Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
+        sys.exit(stop.code)
     except Preempted:
         sys.exit(128 + signal.SIGUSR1)
     except Exception:

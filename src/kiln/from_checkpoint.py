@@ -17,23 +17,14 @@ from torch import nn
 from kiln.errors import UsageError
 from kiln.resume_check import flat, saved_model
 from kiln.secrets import REDACTED
-from kiln.shapes import TARGETS
+from kiln.shapes import TARGETS, drop_link_targets
 
 
-def _section(hparams: dict[str, Any] | None, prefix: str) -> dict[str, Any] | None:
+def _section(hparams: dict[str, Any] | None) -> dict[str, Any] | None:
     """One ``class_path``/``init_args`` section from saved hyper-parameters (none if not saved by the CLI)."""
     if not hparams or not hparams.get("_class_path"):
         return None
-    hparams = copy.deepcopy(dict(hparams))
-    init = {
-        k: v
-        for k, v in hparams.items()
-        if not k.startswith("_") and v != REDACTED and f"{prefix}.init_args.{k}" not in TARGETS  # linked again
-    }
-    for target in TARGETS:  # the network's linked arguments: set again from the data
-        parts = target.split(".")
-        if parts[0] == prefix and parts[2] in init and isinstance(init[parts[2]], dict):
-            init[parts[2]].get("init_args", {}).pop(parts[-1], None)
+    init = {k: copy.deepcopy(v) for k, v in hparams.items() if not k.startswith("_") and v != REDACTED}
     return {"class_path": hparams["_class_path"], "init_args": init}
 
 
@@ -52,11 +43,13 @@ def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | Non
     config: dict[str, Any] = {
         key: section
         for key, section in (
-            ("model", _section(checkpoint.get("hyper_parameters"), "model")),
-            ("data", _section(checkpoint.get("datamodule_hyper_parameters"), "data")),
+            ("model", _section(checkpoint.get("hyper_parameters"))),
+            ("data", _section(checkpoint.get("datamodule_hyper_parameters"))),
         )
         if section is not None
     }
+    if "model" in config:
+        drop_link_targets(config["model"]["init_args"])  # set again from the data
     if config and (name := _run_name(Path(ckpt_path))):
         config["run"] = {"name": name}
     return yaml.safe_dump(config, sort_keys=False) if config else None

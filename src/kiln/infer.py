@@ -16,12 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
-from kiln.errors import DataError, UsageError
-from kiln.images import pixel_array
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+from kiln.errors import UsageError
+from kiln.images import decode_array, image_files
 
 
 def files(given: list[str]) -> list[Path]:
@@ -30,7 +27,7 @@ def files(given: list[str]) -> list[Path]:
     for name in given:
         path = Path(name)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            found += image_files(path)  # the kinds the folder data reads
         elif path.is_file():
             found.append(path)
         else:
@@ -45,15 +42,8 @@ def inputs(paths: list[Path], spec: dict[str, Any]) -> np.ndarray:
     channels, height, width = spec["input_shape"]
     mean = np.asarray(spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
     std = np.asarray(spec["std"], dtype=np.float32).reshape(-1, 1, 1)
-    arrays = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-                arrays.append(pixel_array(image, channels, (height, width)))
-        except (OSError, SyntaxError, ValueError) as err:
-            raise DataError(f"{path}: unreadable or truncated image ({str(err).splitlines()[0]})") from None
-    return ((np.stack(arrays).astype(np.float32) * np.float32(spec["scale"]) - mean) / std).astype(np.float32)
+    arrays = np.stack([decode_array(path, channels, (height, width)) for path in paths])
+    return ((arrays.astype(np.float32) * np.float32(spec["scale"]) - mean) / std).astype(np.float32)
 
 
 def batches(n: int, size: int) -> Iterator[slice]:

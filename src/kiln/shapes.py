@@ -7,7 +7,7 @@ value the user writes for one of them anyway is kept only when it agrees with th
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Collection, MutableMapping
 from typing import Any
 
 from jsonargparse import Namespace
@@ -95,15 +95,18 @@ class DataLinks:
         Lightning records every applied link there; one the class does not take (``input_shape``
         for a convolutional net) would stop ``--ckpt_path`` from rebuilding the model.
         """
-        for _, target in LINKS:
-            if target in self.accepted:
-                continue
-            *parents, name = target.removeprefix("model.init_args.").split(".")
-            node: Any = hparams
-            for key in parents:
-                node = node.get(key) if isinstance(node, MutableMapping) else None
-            if isinstance(node, MutableMapping):
-                node.pop(name, None)
+        drop_link_targets(hparams, keep=self.accepted)
+
+
+def drop_link_targets(hparams: MutableMapping[str, Any], keep: Collection[str] = ()) -> None:
+    """Remove the linked values (all but ``keep``) from a model's hyper-parameters (its ``init_args``)."""
+    for target in TARGETS - set(keep):
+        *parents, name = target.removeprefix("model.init_args.").split(".")
+        node: Any = hparams
+        for key in parents:
+            node = node.get(key) if isinstance(node, MutableMapping) else None
+        if isinstance(node, MutableMapping):
+            node.pop(name, None)
 
 
 def unwrap(err: BaseException) -> KilnError | None:

@@ -19,9 +19,8 @@ from torch.utils.data import DataLoader
 
 from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
 from kiln.errors import ConfigError, DataError
-from kiln.images import pixel_array
+from kiln.images import IMAGE_SUFFIXES, decode_array, image_files, pixel_array
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")
 SPLITS = ("train", "val", "test")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 Files = list[tuple[Path, int]]  # (image file, class index)
@@ -40,28 +39,15 @@ def pixels(image: Image.Image, channels: int, size: tuple[int, int]) -> Tensor:
 
 
 def decode(path: Path, channels: int, size: tuple[int, int]) -> Tensor:
-    """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it.
-
-    Pillow decodes (torchvision's own image decoding is deprecated since 0.29).
-    """
-    try:
-        with Image.open(path) as image:
-            image.load()  # the whole file: a truncated one fails here
-            return pixels(image, channels, size)
-    except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(f"{path}: unreadable or truncated image ({reason})") from None
+    """One image file as uint8 ``(channels, *size)`` (``kiln.images.decode_array``, which ``kiln infer`` uses
+    too); one that does not decode raises ``DataError`` naming it."""
+    return torch.from_numpy(decode_array(path, channels, size))
 
 
 @rank_zero_only
 def _say(*lines: str) -> None:
     """Notices about the data, once (not once per DDP rank)."""
     print(*lines, sep="\n", file=sys.stderr)
-
-
-def image_files(folder: Path) -> list[Path]:
-    """Every image file below ``folder``, in a fixed (sorted) order."""
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
 class ImageFiles(SampleDataset):

@@ -193,7 +193,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
     for orphan in _orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
         print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
         reopened = optuna.trial.Trial(study, orphan._trial_id)
-        run_trial(study, reopened, sweep, sweep_dir, True, storage, subprocess_trials)
+        run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
     if not study.get_trials(deepcopy=False):
         for values in sweep.enqueue:  # first, the settings the sweep file names
             study.enqueue_trial(values)
@@ -204,7 +204,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             break
-        run_trial(study, trial, sweep, sweep_dir, False, storage, subprocess_trials)
+        run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials)
     return study
 
 
@@ -238,8 +238,5 @@ def sweep_command(args: list[str]) -> None:
     if options.report:
         study = open_study(sweep, storage_for(root / sweep.name, options.storage))
     else:
-        try:
-            study = run_sweep(sweep, root, options.storage, options.subprocess)
-        except Interrupted as stop:
-            sys.exit(stop.code)  # as the trial did: 143 after SIGTERM
+        study = run_sweep(sweep, root, options.storage, options.subprocess)
     report(study, sweep, root / sweep.name)

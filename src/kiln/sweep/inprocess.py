@@ -42,18 +42,16 @@ def check_one_process(devices: int) -> None:
 
 
 def fit(args: list[str]) -> Any:
-    """``kiln fit <args>`` here (``build_cli``), with the command's own ``sys.argv`` hidden for the call:
-    LightningCLI warns about both, and W&B records ``sys.argv`` as the run's command."""
+    """``kiln fit <args>`` here (``build_cli``), with the command's own ``sys.argv`` hidden for the call."""
     global active
-    from kiln.cli import build_cli
+    from kiln.cli import argv_hidden, build_cli
 
-    command, sys.argv[1:] = sys.argv[1:], []
     active = True
     try:
-        return build_cli(["fit", *args])
+        with argv_hidden():
+            return build_cli(["fit", *args])
     finally:
         active = False
-        sys.argv[1:] = command
 
 
 def short_key(key: str) -> str:

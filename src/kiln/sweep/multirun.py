@@ -23,7 +23,7 @@ from rich.table import Table
 
 from kiln import runs
 from kiln.errors import KilnError, UsageError
-from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, fit, fit_process, parse_command, short_key
+from kiln.sweep.inprocess import NeedsOwnProcess, fit, fit_process, parse_command, short_key
 from kiln.sweep.space import flags
 from kiln.testing import read_metrics
 
@@ -141,8 +141,6 @@ def multirun_command(args: list[str]) -> None:
                        f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
                 try:
                     fit_process(run) if options.subprocess else fit(run)
-                except Interrupted as stop:
-                    sys.exit(stop.code)  # stopped from outside, as the run was
                 except KilnError as err:
                     runs.remove_failed_run()
                     print(f"{name}: failed: {err}", file=sys.stderr)
