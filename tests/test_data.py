@@ -62,6 +62,19 @@ def test_default_workers_follow_the_cores_the_job_was_given_and_leave_one_for_tr
     assert {n: done.stdout.strip() for n, done in given.items()} == {1: "0", 2: "1"}
 
 
+@pytest.mark.slow
+def test_a_script_that_ends_holding_a_loader_with_workers_exits() -> None:
+    script = (
+        "from kiln.data import DigitsDataModule\n"
+        "dm = DigitsDataModule(batch_size=64, num_workers=2)\n"
+        "dm.setup()\n"
+        "batches = iter(dm.train_dataloader())\n"  # its workers ignore SIGTERM: multiprocessing's exit would wait
+        "next(batches)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_augmentation_only_in_training() -> None:
     dm = DigitsDataModule()
     dm.setup()

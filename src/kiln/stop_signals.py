@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -25,6 +27,29 @@ def _note(signum: int, frame: Any) -> None:
 def received() -> str | None:
     """The last stop signal this process got, if any."""
     return _received[-1] if _received else None
+
+
+def worker_init_fn() -> Callable[[int], None]:
+    """The DataLoader ``worker_init_fn`` (``ignore_in_worker``), with, once per process, the exit hook
+    that ends such workers still alive at exit: they ignore the SIGTERM that multiprocessing's own exit
+    sends its daemonic children, and it would then wait for them forever (a script or notebook that
+    ends holding a loader's iterator)."""
+    global _exit_hook
+    if not _exit_hook:
+        atexit.register(_end_workers)  # after multiprocessing's own exit function, so it runs first
+        _exit_hook = True
+    return ignore_in_worker
+
+
+_exit_hook = False
+
+
+def _end_workers() -> None:
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        if child.daemon:  # what multiprocessing would terminate here anyway
+            child.kill()
 
 
 def ignore_in_worker(worker_id: int) -> None:

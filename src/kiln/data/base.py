@@ -26,7 +26,7 @@ from kiln.data.on_device import (
 )
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import ConfigError, DataError, HealthCheckError
-from kiln.stop_signals import ignore_in_worker
+from kiln.stop_signals import worker_init_fn
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -351,7 +351,7 @@ class TensorDataModule(LightningDataModule):
             pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
             generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
-            worker_init_fn=ignore_in_worker,  # a process-group SIGTERM is the main process's to handle
+            worker_init_fn=worker_init_fn(),  # a process-group SIGTERM is the main process's to handle
         )
 
     def _refuse_empty(self, dataset: Dataset, train: bool) -> None:
