@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from urllib.error import URLError
 
@@ -73,6 +75,18 @@ def test_a_script_that_ends_holding_a_loader_with_workers_exits() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_datamodule_is_freed_when_dropped_with_its_saved_config() -> None:
+    gc.disable()  # freed by reference counting: its loaders' workers end with it, not at some later collection
+    try:
+        dm = DigitsDataModule(batch_size=32, num_workers=0)
+        assert dm.hparams["batch_size"] == 32  # what a checkpoint records of the data
+        gone = weakref.ref(dm)
+        del dm
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_augmentation_only_in_training() -> None:
