@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.error import URLError
 
 import pytest
@@ -24,6 +26,8 @@ from kiln.data import (
 )
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import MissingDataError
+from kiln.models import Classifier
+from kiln.nets import SmallCNN
 
 
 def test_digits_split_is_seeded_disjoint_and_complete() -> None:
@@ -77,14 +81,18 @@ def test_a_script_that_ends_holding_a_loader_with_workers_exits() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_a_datamodule_is_freed_when_dropped_with_its_saved_config() -> None:
-    gc.disable()  # freed by reference counting: its loaders' workers end with it, not at some later collection
+def test_a_datamodule_and_a_model_are_freed_when_dropped_with_their_saved_config() -> None:
+    def dropped(make: Callable[[], Any], key: str, value: object) -> weakref.ref:
+        made = make()
+        assert made.hparams[key] == value  # what a checkpoint records of it
+        return weakref.ref(made)
+
+    gc.disable()  # freed by reference counting: loader workers and device memory go with them, not at a collection
     try:
-        dm = DigitsDataModule(batch_size=32, num_workers=0)
-        assert dm.hparams["batch_size"] == 32  # what a checkpoint records of the data
-        gone = weakref.ref(dm)
-        del dm
-        assert gone() is None
+        data = dropped(lambda: DigitsDataModule(batch_size=32, num_workers=0), "batch_size", 32)
+        net = SmallCNN(num_classes=10, in_channels=1)
+        model = dropped(lambda: Classifier(net=net, num_classes=10, label_smoothing=0.1), "label_smoothing", 0.1)
+        assert data() is None and model() is None
     finally:
         gc.enable()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Literal
 
@@ -66,7 +67,7 @@ class Classifier(LightningModule):
         # `load_from_checkpoint` rebuilds them; objects built in Python are not stored (pass them again).
         with warnings.catch_warnings():  # Lightning warns about `net` objects, which are dropped just below
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
-            self.save_hyperparameters()
+            self.save_hyperparameters(frame=inspect.currentframe())  # passed, never stored: no reference cycle
         for key in [k for k, v in self.hparams.items() if callable(v)]:
             del self.hparams[key]
         self.net = net
