@@ -42,7 +42,8 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
 
     images = write_image_folder(tmp_path / "images", classes=3, per_class=2)
     command = [sys.executable, "-X", "importtime", "-m", "kiln", "infer", "--model", str(out / "model.onnx"),
-               "--output", str(tmp_path / "predictions.csv"), str(tmp_path / "images")]  # fmt: skip
+               "--output", str(tmp_path / "predictions.csv"), "--batch_size", "4",  # 6 images: 2 batches
+               str(tmp_path / "images")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ})
     assert done.returncode == 0, done.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}

@@ -62,9 +62,12 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
     if len(spec["input_shape"]) != 3:
         raise UsageError(f"kiln infer reads image files; {model} takes inputs of shape {spec['input_shape']}")
     paths = files(given)
-    x = inputs(paths, spec)
     session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    probs = np.concatenate([session.run(None, {spec["input"]: x[part]})[0] for part in batches(len(x), batch_size)])
+    probs = np.concatenate(
+        [  # decoded a batch at a time: a folder of photos never sits in memory whole
+            session.run(None, {spec["input"]: inputs(paths[part], spec)})[0] for part in batches(len(paths), batch_size)
+        ]
+    )
     names = spec["class_names"] or [str(c) for c in range(probs.shape[1])]
     partial = output.with_name(f".{output.name}.partial")
     with partial.open("w", newline="") as f:  # renamed when complete: never a half-written file
