@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from kiln.checkpointing import load_checkpoint_file
 from kiln.config_errors import import_class
 from kiln.errors import KilnError, UsageError
+from kiln.from_checkpoint import net_without_init_only
 from kiln.sweep.inprocess import parse_command
 
 FORMATS = ("onnx", "pt2")
@@ -54,7 +55,9 @@ def load_trained(ckpt_path: str) -> tuple[Any, Any]:
     with warnings.catch_warnings():  # Lightning rebuilds them through jsonargparse's deprecated instantiate_classes
         warnings.filterwarnings("ignore", message=r"\s*``instantiate_classes`` was deprecated")
         warnings.filterwarnings("ignore", message=r"\s*By default only one JsonargparseDeprecationWarning")
-        model = LightningModule.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
+        net = net_without_init_only((checkpoint.get("hyper_parameters") or {}).get("net"))
+        model = LightningModule.load_from_checkpoint(ckpt_path, map_location="cpu", **({"net": net} if net else {}))
+        model.eval()
         data = LightningDataModule.load_from_checkpoint(ckpt_path)
     data.setup("test")
     return model, data

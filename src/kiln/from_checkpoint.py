@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from torch import nn
 
+from kiln.config_errors import import_class
 from kiln.errors import UsageError
 from kiln.resume_check import flat, saved_model
 from kiln.secrets import REDACTED
@@ -26,6 +27,15 @@ def _section(hparams: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     init = {k: copy.deepcopy(v) for k, v in hparams.items() if not k.startswith("_") and v != REDACTED}
     return {"class_path": hparams["_class_path"], "init_args": init}
+
+
+def net_without_init_only(net: Any) -> Any:
+    """A network's saved config without the arguments that only initialise its weights (``Timm``'s
+    ``weights``, in its ``init_only``): the checkpoint holds every weight, so the file need not exist."""
+    if not isinstance(net, dict) or not isinstance(net.get("init_args"), dict):
+        return net
+    init_only = getattr(import_class(str(net.get("class_path"))), "init_only", ())
+    return {**net, "init_args": {k: None if k in init_only else v for k, v in net["init_args"].items()}}
 
 
 def _run_name(ckpt_path: Path) -> str | None:
@@ -50,6 +60,8 @@ def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | Non
     }
     if "model" in config:
         drop_link_targets(config["model"]["init_args"])  # set again from the data
+        if "net" in config["model"]["init_args"]:
+            config["model"]["init_args"]["net"] = net_without_init_only(config["model"]["init_args"]["net"])
     if config and (name := _run_name(Path(ckpt_path))):
         config["run"] = {"name": name}
     return yaml.safe_dump(config, sort_keys=False) if config else None

@@ -3,10 +3,15 @@
 ``num_classes``, ``in_channels`` and ``input_shape`` are read from the instantiated datamodule
 (``link_arguments(..., apply_on="instantiate")``), so experiment files never restate them. A
 value the user writes for one of them anyway is kept only when it agrees with the data.
+
+One value goes the other way: a pretrained network (``kiln.nets.Timm`` with weights) declares the
+normalisation its weights expect (``input_stats``), which becomes the data's ``mean``/``std``
+unless the user wrote them.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Collection, MutableMapping
 from typing import Any
 
@@ -42,6 +47,9 @@ class DataLinks:
     def __init__(self) -> None:
         self.written: dict[str, tuple[str, Any]] = {}  # target -> (where the user wrote it, the value)
         self.accepted: set[str] = set()  # targets that the chosen model and network classes take
+        self.config: Namespace | None = None  # the subcommand's config: it records the statistics set from the net
+        self.stats_written: str | None = None  # where the user wrote data.mean or data.std, if they did
+        self.stats_pending = False  # the net declares statistics, to apply once the data exists
 
     def add_to(self, parser: LightningArgumentParser) -> None:
         for attr, target in LINKS:
@@ -52,6 +60,11 @@ class DataLinks:
         self.written.clear()
         self.accepted.clear()
         by_user = {skeleton(path) for source in settings for path, _ in source.entries}
+        self.config = config
+        net = import_class(config.get("model.init_args.net.class_path") or "")
+        self.stats_pending = hasattr(net, "input_stats")
+        written = [key for key in ("data.mean", "data.std") if skeleton(key) in by_user]
+        self.stats_written = where_written(settings, _is_key(written[-1]), written[-1]) if written else None
         for _, target in LINKS:
             owner, name = target.rsplit(".init_args.", 1)
             class_path = config.get(f"{owner}.class_path")
@@ -64,6 +77,7 @@ class DataLinks:
 
     def _link(self, attr: str, target: str) -> Callable[[Any], Any]:
         def value(data: Any) -> Any:
+            self._use_net_stats(data)
             declared = getattr(data, attr, None)
             if target not in self.accepted:
                 return declared
@@ -88,6 +102,32 @@ class DataLinks:
             return declared
 
         return value
+
+    def _use_net_stats(self, data: Any) -> None:
+        """The data normalises as the pretrained net expects: its statistics become ``data.mean``/``std``
+        (the module, its saved hyper-parameters and the run's config.yaml), unless the user wrote them."""
+        if not self.stats_pending or self.config is None:
+            return
+        self.stats_pending = False
+        net = self.config.model.init_args.net
+        stats = import_class(net.class_path).input_stats(net.init_args, getattr(data, "in_channels", None))
+        if stats is None:
+            return
+        mean, std = (list(values) for values in stats)
+        origin = f"{net.init_args.get('name') or net.class_path}'s pretrained weights"
+        name = type(data).__name__
+        if self.stats_written is not None:
+            if (_same(data.mean, mean) and _same(data.std, std)) if hasattr(data, "mean") else True:
+                return
+            print(f"{self.stats_written}: keeping yours; {origin} expect mean {mean}, std {std}", file=sys.stderr)
+            return
+        if not {"mean", "std"} <= set(parameters(type(data))):
+            print(f"{name} takes no mean/std: {origin} expect mean {mean}, std {std}; normalise so", file=sys.stderr)
+            return
+        data.mean, data.std = tuple(mean), tuple(std)
+        data.hparams.update(mean=mean, std=std)  # what a checkpoint rebuilds the data with
+        self.config.data.init_args.mean, self.config.data.init_args.std = mean, std  # what config.yaml shows
+        print(f"data.mean {mean}, data.std {std}: the statistics {origin} expect", file=sys.stderr)
 
     def prune(self, hparams: MutableMapping[str, Any]) -> None:
         """Drop linked values that the chosen class does not take from the model's hyper-parameters.

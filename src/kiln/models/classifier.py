@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from kiln.errors import ConfigError
 from kiln.logging_steps import writes_logs_after
+from kiln.models.backbone import drop_gradients, hold_statistics, param_groups, split
 from kiln.models.schedules import WarmupCosineLR
 
 Batch = tuple[Tensor, Tensor]
@@ -48,6 +49,11 @@ class Classifier(LightningModule):
         channels_last: Keep weights and inputs in NHWC layout, faster for convolutions on GPUs
             with tensor cores (use with ``bf16-mixed``/``16-mixed``). Images only: for other
             inputs it is left off, with one line saying so.
+        backbone_lr_ratio: Fine-tuning: the learning rate of the network's backbone (all but its
+            ``head``) as a fraction of the head's, as two optimizer parameter groups that the
+            LR monitor logs as ``lr-<Optimizer>/backbone`` and ``/head``; the schedule scales both.
+        freeze_backbone_epochs: Fine-tuning: train only the head for this many epochs, with the
+            backbone's weights and batch-norm statistics held as they are, then everything.
     """
 
     def __init__(
@@ -61,6 +67,8 @@ class Classifier(LightningModule):
         compile: bool = False,
         compile_mode: str | None = None,
         channels_last: bool = False,
+        backbone_lr_ratio: float = 1.0,
+        freeze_backbone_epochs: int = 0,
     ) -> None:
         super().__init__()
         # Under LightningCLI this stores the YAML config of `net`, optimizer and scheduler, so
@@ -81,6 +89,16 @@ class Classifier(LightningModule):
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
+        if backbone_lr_ratio <= 0 or freeze_backbone_epochs < 0:
+            raise ConfigError(
+                f"model.backbone_lr_ratio {backbone_lr_ratio}, model.freeze_backbone_epochs {freeze_backbone_epochs}: "
+                "the ratio must be above 0 (to hold the backbone, freeze it) and the epochs 0 or more"
+            )
+        self.backbone_lr_ratio = backbone_lr_ratio
+        self.freeze_backbone_epochs = freeze_backbone_epochs
+        self._backbone = split(net, "model.freeze_backbone_epochs")[0] if freeze_backbone_epochs else []
+        if backbone_lr_ratio != 1:
+            split(net, "model.backbone_lr_ratio")  # a network without a head stops here, before any training
         # labels are range-checked by cross-entropy itself (and BatchSanityCheck): skip the per-step re-check
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -106,6 +124,21 @@ class Classifier(LightningModule):
             return
         if self.example_input_array is None:
             self.example_input_array = torch.zeros(1, *shape)
+
+    def _backbone_frozen(self) -> bool:
+        return self.current_epoch < self.freeze_backbone_epochs
+
+    def on_train_epoch_start(self) -> None:
+        if self.freeze_backbone_epochs:
+            hold_statistics(self.net, frozen=self._backbone_frozen())
+            if self.current_epoch == self.freeze_backbone_epochs:
+                rank_zero_info(
+                    f"epoch {self.current_epoch}: the backbone trains from now on (model.freeze_backbone_epochs)"
+                )
+
+    def on_after_backward(self) -> None:
+        if self.freeze_backbone_epochs and self._backbone_frozen():
+            drop_gradients(self._backbone)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.channels_last:
@@ -170,7 +203,11 @@ class Classifier(LightningModule):
         return self(x).softmax(dim=-1)
 
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer_factory(self.parameters())
+        if self.backbone_lr_ratio == 1:
+            optimizer = self.optimizer_factory(self.parameters())
+        else:
+            optimizer = self.optimizer_factory(param_groups(self.net, "model.backbone_lr_ratio"))
+            optimizer.param_groups[0]["lr"] *= self.backbone_lr_ratio  # before the scheduler reads its base LRs
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -1,8 +1,22 @@
 """Plain ``nn.Module`` architectures: no training logic, injected into LightningModules."""
 
+from typing import TYPE_CHECKING, Any
+
 from kiln.nets.cnn import SmallCNN
 from kiln.nets.mlp import MLP
 from kiln.nets.resnet import ResNet
 from kiln.nets.signal_cnn import SignalCNN
 
-__all__ = ["MLP", "ResNet", "SignalCNN", "SmallCNN"]
+if TYPE_CHECKING:
+    from kiln.nets.pretrained import Timm
+
+__all__ = ["MLP", "ResNet", "SignalCNN", "SmallCNN", "Timm"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Timm`` on first use: importing timm takes a second and a half that runs without it need not pay."""
+    if name == "Timm":
+        from kiln.nets.pretrained import Timm
+
+        return Timm
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
