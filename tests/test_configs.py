@@ -44,7 +44,20 @@ def test_the_readme_table_names_every_preset_and_nothing_else() -> None:
     assert {name(p) for p in ALL_CONFIGS} | sweeps == readme_presets()
 
 
-@pytest.mark.parametrize("config", ALL_CONFIGS, ids=name)
+def runnable(config: Path) -> bool:
+    return name(config) not in ELSEWHERE and not name(config).startswith("experiment/")
+
+
+def trained_in_test_fast(config: Path) -> bool:
+    """A preset or experiment that a fast test trains for a step (so it parses, too)."""
+    if name(config).startswith("experiment/"):
+        return config.stem != "fashion_mnist"
+    return runnable(config) and name(config) not in NEEDS_GPU and name(config) != "debug/profiler_pytorch.yaml"
+
+
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, marks=pytest.mark.slow) if trained_in_test_fast(c) else c for c in ALL_CONFIGS], ids=name
+)  # test-fast parses here only the files it does not train
 def test_every_config_is_accepted(config: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "-c", str(config), "--print_config"])
@@ -58,10 +71,6 @@ def trained_one_step(args: list[str]) -> None:
     cli = build_cli(args)
     assert cli.trainer.state.finished and cli.trainer.global_step == 1
     assert cli.test_metrics is None or "test/acc" in cli.test_metrics
-
-
-def runnable(config: Path) -> bool:
-    return name(config) not in ELSEWHERE and not name(config).startswith("experiment/")
 
 
 def marked(config: Path) -> Any:

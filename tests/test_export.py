@@ -68,3 +68,14 @@ def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_li
     with pytest.raises(SystemExit) as stop:
         main(["export", "--ckpt_path", "x.ckpt", "--output", str(tmp_path / "served")])
     assert stop.value.code == 2 and not any((tmp_path / "served").iterdir())
+
+
+def test_infer_refuses_a_model_of_non_image_samples_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(b"")  # refused before it is read
+    (tmp_path / "preprocess.json").write_text(json.dumps({"input_shape": [1, 40], "input": "input"}))
+    (tmp_path / "signal.png").write_bytes(b"")
+    command = [sys.executable, "-m", "kiln", "infer", "--model", str(tmp_path / "model.onnx"), str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "kiln infer reads image files, but" in done.stderr and "shape [1, 40], not images" in done.stderr
+    assert not (tmp_path / "predictions.csv").exists()

@@ -57,6 +57,11 @@ def test_a_saved_timm_model_loads_as_pretrained_with_a_new_head_and_an_adapted_f
     assert not torch.equal(fresh[stem], saved[stem])
 
 
+def test_a_model_built_for_one_image_size_is_built_for_the_datas() -> None:
+    vit = Timm("vit_tiny_patch16_224", num_classes=10, in_channels=3, input_shape=(3, 32, 32))  # fixed at 224 in timm
+    assert vit(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
 def test_weights_that_do_not_fit_and_unknown_names_stop_in_one_line(tmp_path: Path) -> None:
     other, _ = pretrained_file(tmp_path, "test_resnet")
     with pytest.raises(ConfigError, match=rf"weights: {other} does not fit timm {NAME}: ") as err:

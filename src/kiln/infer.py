@@ -60,7 +60,10 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
         raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
     spec = json.loads(spec_file.read_text())
     if len(spec["input_shape"]) != 3:
-        raise UsageError(f"kiln infer reads image files; {model} takes inputs of shape {spec['input_shape']}")
+        raise UsageError(
+            f"kiln infer reads image files, but {model} takes samples of shape {spec['input_shape']}, not images "
+            "(C, H, W): predict with `kiln predict --ckpt_path`, or feed arrays of that shape to onnxruntime"
+        )
     paths = files(given)
     session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     probs = np.concatenate(

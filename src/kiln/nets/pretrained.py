@@ -41,6 +41,9 @@ class Timm(nn.Module):
         name: A ``timm.list_models()`` name, with a pretrained tag if wanted (``resnet18.a1_in1k``).
         num_classes: Classes of the new head; the CLI links it from the data.
         in_channels: Input channels; the CLI links it from the data.
+        input_shape: One sample's shape; the CLI links it from the data. A model built for one image
+            size (a ViT: ``fixed_input_size`` in its timm config) is built for the data's, its
+            pretrained position embeddings resampled by timm.
         weights: ``None``: random initialisation. A file (``.safetensors``, ``.pth``, ``.bin``): its
             weights, as timm's pretrained loading reads them. ``hub``: the name's pretrained weights
             from the local Hugging Face cache (``HF_HUB_CACHE``), fetched into it if missing unless
@@ -58,6 +61,7 @@ class Timm(nn.Module):
         num_classes: int,
         in_channels: int = 3,
         weights: str | None = None,
+        input_shape: tuple[int, ...] | None = None,
         drop_rate: float | None = None,
         drop_path_rate: float | None = None,
     ) -> None:
@@ -66,6 +70,9 @@ class Timm(nn.Module):
         self.in_channels = in_channels
         options: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_channels}
         options |= {"drop_rate": drop_rate, "drop_path_rate": drop_path_rate}  # timm leaves out the None ones
+        cfg = timm.models.get_pretrained_cfg(name)
+        if cfg is not None and cfg.fixed_input_size and input_shape is not None and len(input_shape) == 3:
+            options["img_size"] = tuple(input_shape[1:])
         if weights is None:
             self.model = timm.create_model(name, **options)
             return
