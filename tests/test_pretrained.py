@@ -193,3 +193,22 @@ def test_hub_weights_come_from_the_local_cache_and_a_checkpoint_no_longer_needs_
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert len(errors) == 1 and f"weights: hub: timm's {NAME} (timm/{NAME}.r160_in1k) is not in the local" in errors[0]
     assert len(list((tmp_path / "runs" / "digits").iterdir())) == 2  # the fit's and the predict's: none left by it
+
+
+@pytest.mark.slow
+def test_under_ddp_the_unfrozen_backbone_trains_as_one_model_on_both_ranks(tmp_path: Path) -> None:
+    """Lightning's BackboneFinetuning switches requires_grad off before DDP wraps the model, so DDP never
+    syncs the backbone once it trains (Lightning issue 20340): each rank drifts apart, silently."""
+    path, saved = pretrained_file(tmp_path)
+    dump = tmp_path / "ranks"
+    command = [sys.executable, "-m", "kiln", "fit", *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"),
+               *timm_net(path), "--model.init_args.freeze_backbone_epochs=1", "--model.init_args.backbone_lr_ratio=0.1",
+               "--trainer.logger=false", "--run.test_after_fit=false", "--run.root", str(tmp_path / "runs"),
+               "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True)["state"] for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # one model, not two
+    stem = f"net.model.{CFG.first_conv}.weight"
+    assert not torch.allclose(rank0[stem], saved[stem.removeprefix("net.model.")].sum(1, keepdim=True))  # it trained

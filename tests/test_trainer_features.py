@@ -107,8 +107,12 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
-    cli = build_cli(["fit", "--model.init_args.compile", "true", "--trainer.max_epochs", "10"])
-    assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.98  # eager reaches >= 0.98 too
+    short = ["--trainer.max_epochs", "5", "--trainer.logger", "false"]  # compiling is most of the time: few epochs
+    eager_run = build_cli(["fit", *short, "--run.name", "eager"])
+    cli = build_cli(["fit", "--model.init_args.compile", "true", *short])
+    assert cli.test_metrics is not None and eager_run.test_metrics is not None
+    assert cli.test_metrics["test/acc"] >= 0.97  # it learns ...
+    assert abs(cli.test_metrics["test/acc"] - eager_run.test_metrics["test/acc"]) <= 2 / 359  # ... as eager does
     checkpoint = cli.trainer.checkpoint_callback
     assert (
         isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None

@@ -116,10 +116,9 @@ class DataLinks:
         mean, std = (list(values) for values in stats)
         origin = f"{net.init_args.get('name') or net.class_path}'s pretrained weights"
         name = type(data).__name__
-        if self.stats_written is not None:
-            if (_same(data.mean, mean) and _same(data.std, std)) if hasattr(data, "mean") else True:
-                return
-            print(f"{self.stats_written}: keeping yours; {origin} expect mean {mean}, std {std}", file=sys.stderr)
+        if self.stats_written is not None:  # the user's statistics stand; a difference is said
+            if not (_same(getattr(data, "mean", mean), mean) and _same(getattr(data, "std", std), std)):
+                print(f"{self.stats_written}: keeping yours; {origin} expect mean {mean}, std {std}", file=sys.stderr)
             return
         if not {"mean", "std"} <= set(parameters(type(data))):
             print(f"{name} takes no mean/std: {origin} expect mean {mean}, std {std}; normalise so", file=sys.stderr)

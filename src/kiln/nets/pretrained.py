@@ -100,7 +100,8 @@ class Timm(nn.Module):
     @staticmethod
     def _load_failure(name: str, weights: str, err: BaseException) -> str:
         if weights != HUB:
-            return f"{KEY}.weights: {weights} does not fit timm {name}: {_first_line(err)}"
+            hint = "; a kiln checkpoint loads with --init_from" if weights.endswith(".ckpt") else ""
+            return f"{KEY}.weights: {weights} does not fit timm {name}: {_first_line(err)}{hint}"
         repo = timm.models.get_pretrained_cfg(name)
         where = f"timm's {name} ({repo.hf_hub_id or repo.url})" if repo else f"timm's {name}"
         return (
