@@ -54,7 +54,7 @@ KINDS = {"default": ["raw", "raw_batched", "template"], "resnet": ["raw", "templ
 
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
-    swap = {"50000": "512", "512": "64", "gpu": "cpu", "4": "0"}
+    swap = {"50000": "256", "512": "64", "gpu": "cpu", "4": "0"}
     return [swap.get(a, a) for a in args]
 
 
@@ -101,7 +101,7 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     else:
         from kiln.nets import ResNet
 
-        n, batch_size = (2560, 128) if workload == "resnet" else ((512, 64) if small else (50000, 512))
+        n, batch_size = (2560, 128) if workload == "resnet" else ((256, 64) if small else (50000, 512))
         g = torch.Generator().manual_seed(0)
         images = torch.randint(0, 256, (n + n // 10, 3, 32, 32), generator=g, dtype=torch.uint8).float().div(255)
         labels = torch.randint(0, 10, (n + n // 10,), generator=g)
@@ -317,7 +317,7 @@ def main() -> None:
                 "extra_ms_per_step": statistics.median(1000 / b["steps_per_s"] - 1000 / a["steps_per_s"]
                                                        for a, b in pairs),
             })  # fmt: skip
-    sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "3" if options.smoke else "8"])
+    sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "2" if options.smoke else "8"])
     results["sweep"] = sweep
     sweep["process_s"] = seconds(
         [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
