@@ -73,11 +73,24 @@ def trained_one_step(args: list[str]) -> None:
     assert cli.test_metrics is None or "test/acc" in cli.test_metrics
 
 
+# presets another fast test trains with: here in the full suite only, so test-fast trains each once
+TRAINED_IN_OTHER_FAST_TESTS = {
+    "train.yaml": "every test (the defaults)",
+    "debug/limit.yaml": "helpers.LIMIT",
+    "debug/fast_dev_run.yaml": "FAST, in this file",
+    "debug/profiler.yaml": "test_profiler_preset_writes_its_report_into_the_run_folder",
+    "callbacks/early_stopping.yaml": "test_early_stopping_preset_appends_and_stops",
+    "callbacks/skip_nonfinite.yaml": "test_faults.py::test_a_skipped_step_leaves_batchnorm_statistics_as_before_it",
+    "logger/csv.yaml": "test_pretrained.py::test_a_frozen_backbone_gets_no_gradient_until_its_epoch_then_trains_...",
+    "data/on_device.yaml": "test_cli.py::test_predict_writes_probabilities_to_run_folder[on_device]",
+}
+
+
 def marked(config: Path) -> Any:
     """GPU presets need CUDA; the PyTorch profiler's trace takes seconds (the full suite runs it)."""
     if name(config) in NEEDS_GPU:
         return pytest.param(config, marks=pytest.mark.gpu)
-    if name(config) == "debug/profiler_pytorch.yaml":
+    if name(config) == "debug/profiler_pytorch.yaml" or name(config) in TRAINED_IN_OTHER_FAST_TESTS:
         return pytest.param(config, marks=pytest.mark.slow)
     return config
 
