@@ -97,6 +97,21 @@ def test_the_data_normalises_with_the_statistics_the_pretrained_weights_expect(
     assert plain.datamodule.mean == type(plain.datamodule).default_mean
 
 
+@pytest.mark.slow
+def test_a_resume_needs_no_pretrained_file_as_its_checkpoint_holds_every_weight(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path, _ = pretrained_file(tmp_path)
+    command = ["fit", *LIMIT, *QUIET, *timm_net(path), "--trainer.logger=false", "--run.test_after_fit=false"]
+    first = build_cli([*command, "--trainer.max_epochs=1"])
+    path.unlink()  # moved, or a cache cleaned, before a requeued job resumes
+    with pytest.raises(SystemExit):
+        main([*command, "--ckpt_path", "last"])
+    assert "a resume may give null" in capsys.readouterr().err
+    resumed = build_cli([*command, "--ckpt_path", "last", "--model.init_args.net.init_args.weights=null"])
+    assert resumed.trainer.current_epoch == 2 and resumed.run_dir == first.run_dir
+
+
 class Probe(Callback):
     """Per optimizer step: the epoch, whether any backbone/head gradient reaches the optimizer, and the LRs."""
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from kiln.config_errors import import_class
 from kiln.errors import ConfigError
 from kiln.secrets import REDACTED
 from kiln.shapes import TARGETS
@@ -37,11 +38,14 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
     if not hparams.get("_class_path"):
         return  # not saved by the CLI: nothing to compare
     saved, given = saved_model(hparams), flat(model, "model.")
+    net = import_class(str(given.get("model.init_args.net.class_path")))
+    init_only = {f"model.init_args.net.init_args.{name}" for name in getattr(net, "init_only", ())}
     changed = [
         (key, saved[key], value)
         for key, value in given.items()
         if key in saved and saved[key] != value and saved[key] != REDACTED
         and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY and key not in TARGETS  # linked from the data
+        and key not in init_only  # the weights a net starts from: the checkpoint's replace them
     ]  # fmt: skip
     if not changed:
         return

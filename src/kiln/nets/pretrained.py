@@ -67,6 +67,8 @@ class Timm(nn.Module):
     ) -> None:
         super().__init__()
         _check_name(name)
+        if weights in ("None", "null", ""):  # jsonargparse 4.53 passes a flag's `null` here as the text "None"
+            weights = None
         self.in_channels = in_channels
         options: dict[str, Any] = {"num_classes": num_classes, "in_chans": in_channels}
         options |= {"drop_rate": drop_rate, "drop_path_rate": drop_path_rate}  # timm leaves out the None ones
@@ -93,7 +95,8 @@ class Timm(nn.Module):
         if not path.is_file():
             raise ConfigError(
                 f"{KEY}.weights: no file {weights} (give a .safetensors/.pth file, `hub` for the name's own "
-                "pretrained weights, or null for a random initialisation)"
+                "pretrained weights, or null for a random initialisation; a resume may give null: the checkpoint "
+                "holds every weight)"
             )
         return path
 
