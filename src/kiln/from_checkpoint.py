@@ -14,9 +14,8 @@ from typing import Any
 import yaml
 from torch import nn
 
-from kiln.config_errors import import_class
 from kiln.errors import UsageError
-from kiln.resume_check import flat, saved_model
+from kiln.resume_check import flat, init_only, saved_model
 from kiln.secrets import REDACTED
 from kiln.shapes import TARGETS, drop_link_targets
 
@@ -34,8 +33,8 @@ def net_without_init_only(net: Any) -> Any:
     ``weights``, in its ``init_only``): the checkpoint holds every weight, so the file need not exist."""
     if not isinstance(net, dict) or not isinstance(net.get("init_args"), dict):
         return net
-    init_only = getattr(import_class(str(net.get("class_path"))), "init_only", ())
-    return {**net, "init_args": {k: None if k in init_only else v for k, v in net["init_args"].items()}}
+    unused = init_only(net.get("class_path"))
+    return {**net, "init_args": {k: None if k in unused else v for k, v in net["init_args"].items()}}
 
 
 def _run_name(ckpt_path: Path) -> str | None:

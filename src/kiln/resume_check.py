@@ -15,6 +15,12 @@ from kiln.shapes import TARGETS
 RUNTIME_ONLY = {"compile", "compile_mode", "channels_last", "fused", "foreach", "activation_checkpointing"}
 
 
+def init_only(class_path: Any) -> tuple[str, ...]:
+    """A network class's arguments that only initialise its weights (``Timm``'s ``weights``): a checkpoint,
+    which holds every weight, makes them irrelevant when it is loaded."""
+    return tuple(getattr(import_class(str(class_path)), "init_only", ()))
+
+
 def flat(value: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(value, Namespace):
         value = value.as_dict()
@@ -38,14 +44,15 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
     if not hparams.get("_class_path"):
         return  # not saved by the CLI: nothing to compare
     saved, given = saved_model(hparams), flat(model, "model.")
-    net = import_class(str(given.get("model.init_args.net.class_path")))
-    init_only = {f"model.init_args.net.init_args.{name}" for name in getattr(net, "init_only", ())}
+    weights_only = {
+        f"model.init_args.net.init_args.{name}" for name in init_only(given.get("model.init_args.net.class_path"))
+    }
     changed = [
         (key, saved[key], value)
         for key, value in given.items()
         if key in saved and saved[key] != value and saved[key] != REDACTED
         and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY and key not in TARGETS  # linked from the data
-        and key not in init_only  # the weights a net starts from: the checkpoint's replace them
+        and key not in weights_only  # the weights a net starts from: the checkpoint's replace them
     ]  # fmt: skip
     if not changed:
         return

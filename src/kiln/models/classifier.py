@@ -96,9 +96,10 @@ class Classifier(LightningModule):
             )
         self.backbone_lr_ratio = backbone_lr_ratio
         self.freeze_backbone_epochs = freeze_backbone_epochs
-        self._backbone = split(net, "model.freeze_backbone_epochs")[0] if freeze_backbone_epochs else []
-        if backbone_lr_ratio != 1:
-            split(net, "model.backbone_lr_ratio")  # a network without a head stops here, before any training
+        self._backbone: list[nn.Parameter] = []  # what freezing holds; a network without a head stops here
+        if freeze_backbone_epochs or backbone_lr_ratio != 1:
+            why = "model.freeze_backbone_epochs" if freeze_backbone_epochs else "model.backbone_lr_ratio"
+            self._backbone = split(net, why)[0]
         # labels are range-checked by cross-entropy itself (and BatchSanityCheck): skip the per-step re-check
         self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
