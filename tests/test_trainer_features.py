@@ -75,6 +75,21 @@ def test_bf16_mixed_runs_matmuls_in_bf16_and_still_learns() -> None:
 
 
 @pytest.mark.slow
+def test_an_in_process_ddp_run_leaves_no_process_group_nor_port_behind(tmp_path: Path) -> None:
+    before = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "OMP_NUM_THREADS")}
+    threads = torch.get_num_threads()
+    ddp = ["--trainer.strategy", "ddp", "--trainer.devices", "1", "--trainer.accelerator", "cpu"]
+    build_cli(["fit", "-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), *ddp, "--trainer.logger", "false"])
+    assert not torch.distributed.is_initialized()  # its store listened on MASTER_PORT
+    assert {key: os.environ.get(key) for key in before} == before and torch.get_num_threads() == threads
+    # a DDP run started from this process afterwards (as on a GPU: an in-process 1-GPU run, then a subprocess)
+    cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--trainer.logger",
+           "false", "--trainer.fast_dev_run", "true", "--run.root", str(tmp_path / "runs")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]  # was EADDRINUSE on the port the first run left exported
+
+
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     dump = tmp_path / "ranks"
     common = [*EXACT, "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1.0"]

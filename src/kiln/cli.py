@@ -20,7 +20,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import runs, stop_signals
+from kiln import process_group, runs, stop_signals
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.resume import Preempted
@@ -142,7 +142,8 @@ class KilnCLI(LightningCLI):
         runs.new_command()
         quiet_lightning()
         try:
-            super().__init__(*args, **kwargs)
+            with process_group.released_after():  # an in-process DDP run's port and group: free for the next
+                super().__init__(*args, **kwargs)
         except BaseException:
             finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
             raise
