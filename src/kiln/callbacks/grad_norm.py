@@ -14,30 +14,34 @@ from torch.optim import Optimizer
 from kiln.logging_steps import writes_logs_after
 
 
-def optimizer_gradients(optimizer: Optimizer) -> list[Tensor]:
-    """The gradients the optimizer is about to apply (parameters without one are skipped)."""
-    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-
-
 class StepGradientNorm:
     """The 2-norm of all gradients the optimizer is about to apply, on the device, computed once per step.
 
     NonFiniteGuard and GradNormMonitor both need it in ``on_before_optimizer_step``; each carries
     one as ``gradient_norm``, and both use the first one in the trainer's callback list
-    (:func:`shared_gradient_norm`), so the second to ask gets it for free.
+    (:func:`shared_gradient_norm`), so the second to ask gets it for free. The norm of each
+    gradient comes with it (``per_tensor``), so a non-finite one can be named without a host sync.
     """
 
     def __init__(self) -> None:
         self._last: tuple[Optimizer, int, Tensor] | None = None
+        self.params: list[Tensor] = []  # the parameters whose gradients ``per_tensor`` measures, in its order
+        self.per_tensor: Tensor | None = None  # their 2-norms (float32, one device), or None across devices
 
     def __call__(self, trainer: Trainer, optimizer: Optimizer) -> Tensor | None:
         """``None`` when no parameter has a gradient."""
-        grads = optimizer_gradients(optimizer)
-        if not grads:
-            return None
         if self._last is not None and self._last[0] is optimizer and self._last[1] == trainer.global_step:
             return self._last[2]
-        norm = torch.nn.utils.get_total_norm(grads).detach()
+        self.params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return None
+        if len({g.device for g in grads}) == 1:  # one kernel a dtype (clip_grad_norm_'s), then their norm
+            norms = torch._foreach_norm(grads, 2.0)
+            self.per_tensor = torch.stack([n.float() for n in norms]).detach()
+            norm = torch.linalg.vector_norm(self.per_tensor)
+        else:  # parameters on several devices: the total only
+            self.per_tensor, norm = None, torch.nn.utils.get_total_norm(grads).detach()
         self._last = (optimizer, trainer.global_step, norm)
         return norm
 

@@ -32,13 +32,14 @@ class NonFiniteGuard(Callback):
     skipped. The weights and every checkpoint keep the last finite state.
 
     Two ways to check. Immediate: the verdict is read on the host every step, so ``stop`` stops at
-    the bad step itself and names the first parameter with a non-finite gradient; on a GPU that is
-    a device sync per step, which stalls the queue of kernels. Deferred (on CUDA with a fused
-    optimizer, as in the default experiment): the verdict goes to the optimizer as ``found_inf``,
-    the tensor a GradScaler uses, so the fused kernel leaves weights and optimizer state untouched
-    on a bad step without the host waiting; the host reads the count every
-    ``check_every_n_steps`` steps, before every checkpoint and at the end, so ``stop`` stops
-    within that many steps of the bad one, which the weights never took.
+    the bad step itself; on a GPU that is a device sync per step, which stalls the queue of
+    kernels. Deferred (on CUDA with a fused optimizer, as in the default experiment): the verdict
+    goes to the optimizer as ``found_inf``, the tensor a GradScaler uses, so the fused kernel leaves
+    weights and optimizer state untouched on a bad step without the host waiting; the step, its
+    loss and its first non-finite gradient are kept on the device, and the host reads them every
+    ``check_every_n_steps`` steps, before every checkpoint and at each epoch end, so ``stop``
+    stops within that many steps of the bad one, which the weights never took. Either way the
+    error names the step, its loss and the first parameter with a non-finite gradient.
 
     Args:
         action: ``stop`` at the first non-finite step, ``skip`` it, or ``off``.
@@ -63,7 +64,12 @@ class NonFiniteGuard(Callback):
         self.skipped = 0
         self._loss: Tensor | None = None
         self._bad: Tensor | None = None  # deferred: non-finite steps so far, on the device
-        self._first_step = self._first_loss = torch.zeros(())  # deferred: the first since the last read
+        # deferred, on the device: the non-finite step that goes past what the action allows (the first for
+        # `stop`, the one after max_skips for `skip`): its number, loss, and first non-finite gradient as
+        # (parameter list, position) in `_param_lists`
+        self._over_step = self._over_loss = self._over_list = self._over_param = torch.zeros(())
+        self._param_lists: dict[tuple[int, ...], int] = {}
+        self._params_by_list: list[list[Tensor]] = []
         self._read_at = -1  # deferred: the step of the last read
         self._logged = 0  # deferred: the count last logged
         self._stop: str | None = None  # deferred: why the run stops, found while a checkpoint was written
@@ -100,7 +106,7 @@ class NonFiniteGuard(Callback):
         # one scalar: NaN or Inf in the loss or any gradient makes the sum non-finite
         total = (norm if norm is not None else 0.0) + (self._loss.float() if self._loss is not None else 0.0)
         if not scaler and self._deferred(pl_module, optimizer):
-            self._mark_on_device(trainer, optimizer, torch.as_tensor(total))
+            self._mark_on_device(trainer, optimizer, torch.as_tensor(total), norm is not None)
             return
         if bool(torch.isfinite(torch.as_tensor(total))):
             return
@@ -109,6 +115,7 @@ class NonFiniteGuard(Callback):
             self.skipped += 1
             optimizer.zero_grad(set_to_none=True)  # parameters without gradients are left untouched
             self._restore_buffers()
+            self._logged = self.skipped
             pl_module.log("health/skipped_steps", float(self.skipped), on_step=True, on_epoch=False)
             return
         if self.action == "skip":
@@ -128,23 +135,41 @@ class NonFiniteGuard(Callback):
             return False
         return self.mode == "device" or pl_module.device.type == "cuda"
 
-    def _mark_on_device(self, trainer: Trainer, optimizer: Optimizer, total: Tensor) -> None:
-        """Hand the verdict to the fused step and keep count, all on the device: no host sync."""
+    def _mark_on_device(self, trainer: Trainer, optimizer: Optimizer, total: Tensor, has_grads: bool) -> None:
+        """Hand the verdict to the fused step and keep count and the details, all on the device: no host sync."""
         bad = ~torch.isfinite(total)
         optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # the fused step skips itself on 1
         if optimizer not in self._optimizers:
             self._optimizers.append(optimizer)
         if self._bad is None:
-            self._bad = torch.full((), self.skipped, dtype=torch.long, device=bad.device)
-            self._first_step = torch.full((), -1, dtype=torch.long, device=bad.device)
-            self._first_loss = torch.full((), float("nan"), device=bad.device)
-        first = bad & (self._first_step < 0)
-        self._first_step = torch.where(first, trainer.global_step, self._first_step)  # a scalar: no copy
-        if self._loss is not None:
-            self._first_loss = torch.where(first, self._loss.float(), self._first_loss)
+            device = bad.device
+            self._bad = torch.full((), self.skipped, dtype=torch.long, device=device)
+            self._over_step, self._over_list, self._over_param = (
+                torch.full((), -1, dtype=torch.long, device=device) for _ in range(3)
+            )
+            self._over_loss = torch.full((), float("nan"), device=device)
         self._bad += bad
+        allowed = self.max_skips if self.action == "skip" else 0
+        over = bad & (self._bad == allowed + 1)  # true at one step only: the count moves by one at most
+        self._over_step = torch.where(over, trainer.global_step, self._over_step)  # a scalar: no copy
+        if self._loss is not None:
+            self._over_loss = torch.where(over, self._loss.float(), self._over_loss)
+        gradients = shared_gradient_norm(trainer, self.gradient_norm)
+        if has_grads and gradients.per_tensor is not None:
+            nonfinite = ~torch.isfinite(gradients.per_tensor)
+            first = torch.where(nonfinite.any(), nonfinite.int().argmax(), -1)  # argmax: the first maximum
+            self._over_param = torch.where(over, first, self._over_param)
+            self._over_list = torch.where(over, self._list_number(gradients.params), self._over_list)
         if self.action == "skip":
             self._restore_buffers(bad)  # on the device: no sync
+
+    def _list_number(self, params: list[Tensor]) -> int:
+        """A number for this list of parameters (the same list each step, but for freezing), to name one later."""
+        key = tuple(map(id, params))
+        if key not in self._param_lists:
+            self._param_lists[key] = len(self._params_by_list)
+            self._params_by_list.append(params)
+        return self._param_lists[key]
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -173,23 +198,33 @@ class NonFiniteGuard(Callback):
         self._read_at = self._trainer.global_step if self._trainer is not None else -1
         if count == self.skipped:
             return
-        step, loss = int(self._first_step), float(self._first_loss)
-        self._first_step = torch.full_like(self._first_step, -1)
-        new, self.skipped = count - self.skipped, count
+        already, self.skipped = self.skipped, count
         if self.action == "skip" and count <= self.max_skips:
             return
+        step, loss = int(self._over_step), float(self._over_loss)
         message = (
-            f"non-finite training step {step} (loss={loss}): the fused optimizer skipped it on the device, so "
-            f"the weights never took it; found at step {self._read_at} (read every {self.check_every_n_steps} "
-            f"steps), {new} non-finite step(s) since the last read. Try a lower learning rate, gradient "
-            "clipping, `--non_finite.mode host` to stop at the step itself and name the parameter, or "
-            "`-c configs/debug/anomaly.yaml` to find the operation that produced it"
+            f"non-finite training step {step} (loss={loss}, {self._over_gradient()}; found at step "
+            f"{self._read_at}, as the host reads every {self.check_every_n_steps} steps): the fused optimizer "
+            "skipped it on the device, so the weights never took it and no checkpoint holds it. Try a lower "
+            "learning rate, gradient clipping, or `-c configs/debug/anomaly.yaml` to find the operation that "
+            "produced it"
         )
         if self.action == "skip":
-            message += f"; more than max_skips={self.max_skips} steps were skipped"
+            message += f"; {self.max_skips} steps were already skipped (max_skips={self.max_skips})"
+        elif count - already > 1:
+            message += f"; {count - already} non-finite steps since the last read"
         self._stop = message
         if stop_now:
             raise HealthCheckError(message)
+
+    def _over_gradient(self) -> str:
+        """``first non-finite gradient: <name>`` of the step kept on the device, or that its gradients were finite."""
+        listed, position = int(self._over_list), int(self._over_param)
+        if listed < 0 or position < 0 or self._trainer is None:
+            return "gradients finite"
+        param = self._params_by_list[listed][position]
+        names = {id(p): n for n, p in self._trainer.lightning_module.named_parameters()}
+        return f"first non-finite gradient: {names.get(id(param), 'a parameter outside the model')}"
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for optimizer in self._optimizers:  # leave the optimizer as it was given
@@ -220,6 +255,9 @@ class NonFiniteGuard(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._read_verdicts()  # runs before the checkpoint callbacks' epoch-end saves (Lightning orders them last)
+        if self.skipped != self._logged:  # deferred: counts read since the last log (host mode logs at the step)
+            self._logged = self.skipped
+            pl_module.log("health/skipped_steps", float(self.skipped), on_step=False, on_epoch=True)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
