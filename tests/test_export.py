@@ -17,6 +17,9 @@ from helpers import LIMIT
 from kiln.cli import build_cli, main
 from kiln.data.folder import decode
 
+for needed in ("onnx", "onnxscript", "onnxruntime"):
+    pytest.importorskip(needed, reason="needs the onnx extra (make install; uv sync --extra onnx)")
+
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 

@@ -46,7 +46,7 @@ def test_a_skipped_step_leaves_batchnorm_statistics_as_before_it(tmp_path: Path,
     checkpoints = list((Path(cli.trainer.default_root_dir) / "checkpoints").glob("*.ckpt"))
     assert checkpoints
     for path in checkpoints:
-        for name, tensor in torch.load(path, weights_only=True)["state_dict"].items():
+        for name, tensor in torch.load(path, weights_only=True, map_location="cpu")["state_dict"].items():
             assert torch.isfinite(tensor.float()).all(), f"{path.name}: {name}"
 
 

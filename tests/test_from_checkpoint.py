@@ -97,7 +97,7 @@ def test_init_from_starts_a_new_run_from_the_weights_with_a_new_head_for_other_c
     root = ["--run.root", str(tmp_path)]
     fit = build_cli(["fit", *LIMIT, *QUIET, *root, "--run.test_after_fit=false"])
     best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
-    saved = torch.load(best, weights_only=True)["state_dict"]
+    saved = torch.load(best, weights_only=True, map_location="cpu")["state_dict"]
     five = ["--data", "kiln.data.SyntheticDataModule", "--data.channels=1", "--data.size=8", "--data.num_classes=5",
             "--data.num_samples=320"]  # fmt: skip
     capsys.readouterr()

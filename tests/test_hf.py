@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 from helpers import LIMIT
@@ -15,6 +14,8 @@ from kiln.data import HFDataModule
 from kiln.data.digits import load_digits
 from kiln.data.waveforms import waveforms
 from kiln.errors import DataError
+
+datasets = pytest.importorskip("datasets", reason="needs the data extra (make install; uv sync --extra data)")
 
 DIGIT_NAMES = ["zero", "one", "two"]
 

@@ -223,7 +223,7 @@ def test_under_ddp_the_unfrozen_backbone_trains_as_one_model_on_both_ranks(tmp_p
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True)["state"] for r in (0, 1))
+    rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True, map_location="cpu")["state"] for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # one model, not two
     stem = f"net.model.{CFG.first_conv}.weight"
     assert not torch.allclose(rank0[stem], saved[stem.removeprefix("net.model.")].sum(1, keepdim=True))  # it trained

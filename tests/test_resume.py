@@ -37,7 +37,7 @@ def run_args(workers: int | str) -> list[str]:
 
 
 def final_state(run_dir: str) -> dict:
-    return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", weights_only=True)
+    return torch.load(Path(run_dir) / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:
@@ -65,7 +65,7 @@ def test_resume_reproduces_the_uninterrupted_run(
 ) -> None:
     workers, run_dir = uninterrupted
     ckpt = run_dir / "checkpoints" / checkpoint
-    saved = torch.load(ckpt, weights_only=True)
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu")
     assert saved["global_step"] in (8, 12)  # epoch 1, batch 2 of 6; end of epoch 1
     resumed = build_cli([*run_args(workers), "--run.root", str(tmp_path), "--ckpt_path", str(ckpt)])
     assert_bitwise_equal(final_state(resumed.trainer.default_root_dir), final_state(str(run_dir)))
@@ -154,7 +154,7 @@ def test_signal_saves_and_the_same_command_resumes_exactly(
     assert "no checkpoint under" in first.stderr and f"{name}: stopped after step 8" in first.stderr
     assert "killed by signal" not in first.stderr
     run_dir = tmp_path / "runs" / "digits" / "job-777"  # a requeued job finds its folder by job id
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 8
     assert [p.name for p in (run_dir / "checkpoints").glob("last*")] == ["last.ckpt"]  # the resume never versions it
     requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
     assert requeued == ("requeue 777\n" if name == "SIGUSR1" else "")

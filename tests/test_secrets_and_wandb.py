@@ -53,7 +53,7 @@ def test_planted_secrets_appear_in_no_file_of_the_run(monkeypatch: pytest.Monkey
         content = path.read_bytes()
         for secret in (b"cli-s3cr3t", b"env-s3cr3t", b"dict-s3cr3t", b"987654321", b"bearer-s3cr3t"):
             assert secret not in content, (path, secret)
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
     assert ckpt["hyper_parameters"]["api_key"] == REDACTED
     assert REDACTED in (run_dir / "config.yaml").read_text()
 
@@ -126,7 +126,9 @@ def test_a_server_that_cannot_start_an_online_run_means_offline_in_one_line(
     assert url in notice and cause in notice and "logging offline" in notice
     (run_dir,) = Path("runs/digits").iterdir()
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5  # it trained
+    assert (
+        torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 5
+    )  # it trained
     assert elapsed < 60  # the cases: W&B blocked 110 s, then failed the run
 
 
@@ -172,7 +174,7 @@ def test_dict_typed_init_arguments_run_and_are_saved(monkeypatch: pytest.MonkeyP
     (run_dir,) = Path("runs/digits").iterdir()
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["trainer"]["logger"]["init_args"]["config"] == {"team_note": 1}  # a dict, not a Namespace
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 5
 
 
 @pytest.mark.slow
@@ -182,7 +184,7 @@ def test_a_given_secret_is_used_when_the_checkpoint_holds_it_redacted(monkeypatc
     fit = build_cli(["fit", *LIMIT, "--trainer.max_epochs", "1", "--trainer.logger", "false",
                      "--run.test_after_fit", "false", *model])  # fmt: skip
     ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["api_key"] == REDACTED
+    assert torch.load(ckpt, weights_only=True, map_location="cpu")["hyper_parameters"]["api_key"] == REDACTED
     for subcommand in ("test", "predict"):  # Lightning would apply the checkpoint's (redacted) value over the given one
         cli = build_cli([subcommand, *LIMIT, "--trainer.logger", "false", *model, "--ckpt_path", str(ckpt)])
         assert cli.model.api_key == "real-s3cr3t"

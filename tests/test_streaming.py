@@ -18,6 +18,8 @@ from kiln.data import StreamingDataModule, WaveformsDataModule
 from kiln.data.streaming import convert
 from kiln.errors import DataError
 
+pytest.importorskip("litdata", reason="needs the data extra (make install; uv sync --extra data)")
+
 WAVEFORMS = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml")]
 CONVERT = [sys.executable, "-m", "kiln.convert"]
 DETERMINISTIC = ["-c", str(CONFIGS / "trainer" / "deterministic.yaml")]

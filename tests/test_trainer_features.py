@@ -102,7 +102,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
         [sys.executable, "-m", "kiln", "fit", *common, *ddp_args], capture_output=True, text=True, env=env, timeout=400
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True, map_location="cpu") for r in (0, 1))
     for key in rank0["state"]:
         assert torch.equal(rank0["state"][key], rank1["state"][key])  # DDP kept the replicas identical
     # one run folder, one W&B run, checkpoints written once
@@ -133,7 +133,7 @@ def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
         isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None
     )  # self.log("val/loss") worked
     best = checkpoint.best_model_path
-    state = torch.load(best, weights_only=True)["state_dict"]
+    state = torch.load(best, weights_only=True, map_location="cpu")["state_dict"]
     assert not any("_orig_mod" in key for key in state)
     eager = Classifier.load_from_checkpoint(best, compile=False).eval()
     assert isinstance(eager.net, SmallCNN)
