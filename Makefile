@@ -14,7 +14,7 @@ SWEEP ?= digits
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install train sweep test test-fast test-gpu lint format typecheck notebook bench clean
+.PHONY: help install train sweep test test-fast test-gpu gpu-check gpu-wheels lint format typecheck notebook bench clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,6 +40,13 @@ test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook (
 
 test-gpu: ## Run only the GPU tests (needs CUDA)
 	$(UV) run --no-sync pytest -m gpu
+
+gpu-check: ## On a GPU machine: the whole suite, the GPU tests and the GPU benchmark, logs in OUT (default gpu-check/)
+	scripts/gpu_check.sh $(or $(OUT),gpu-check)
+
+gpu-wheels: ## Wheels a GPU machine without network lacks, into .whl/ (HAVE=<its pip list --format=freeze>)
+	@test -n "$(HAVE)" || { echo "HAVE=<file>: the GPU machine's python3 -m pip list --format=freeze"; exit 2; }
+	UV="$(UV)" $(UV) run --no-sync python scripts/gpu_wheels.py $(HAVE)
 
 lint: ## Check style with ruff
 	$(UV) run --no-sync ruff check .

@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,10 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -40,16 +45,26 @@ RESNET = [
 ]  # fmt: skip (channels: from the data)
 CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512", "--trainer.accelerator", "gpu",
              "--data.num_workers", "4"]  # fmt: skip
+GPU_BATCH = 512  # cifar_gpu's batch size (`--batch-size` changes it for every kind)
+DEFAULT_COMPILE_MODE = "default"  # cifar_gpu's optimised kinds (`--compile-mode`; benchmarks/README.md)
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
     "resnet": ([*RESNET, "--data.num_samples", "2560", "--data.batch_size", "128"], 5),  # ResNet-20, CIFAR-shaped
     "cifar_gpu": (CIFAR_GPU, 3),  # GPU: 50k CIFAR-shaped images, batch 512
 }
-FAST = ["--trainer.precision", "bf16-mixed", "--model.init_args.compile", "true",
-        "--model.init_args.channels_last", "true"]  # fmt: skip
-# kinds measured per workload: raw loop, template; on GPU also the optimised raw loop and the on-device data path
+COMPILE_MODES = ["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+# kinds measured per workload: raw loop, template; on GPU also the optimised raw loop, the on-device data path,
+# and the ceiling: the optimised net and optimizer on batches already on the GPU, nothing else
 KINDS = {"default": ["raw", "raw_batched", "template"], "resnet": ["raw", "template"],
-         "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device"]}  # fmt: skip
+         "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device", "ceiling"]}  # fmt: skip
+
+
+def fast_args(compile_mode: str, small: bool) -> list[str]:
+    """The template's optimised GPU settings: bf16 autocast, channels_last, ``torch.compile`` in ``compile_mode``."""
+    args = ["--trainer.precision", "bf16-mixed", "--model.init_args.channels_last", "true"]
+    if compile_mode != "none" and not small:  # the smoke run skips compiling (minutes on 2 cores)
+        args += ["--model.init_args.compile", "true", "--model.init_args.compile_mode", compile_mode]
+    return args
 
 
 def smoke(args: list[str]) -> list[str]:
@@ -58,11 +73,26 @@ def smoke(args: list[str]) -> list[str]:
     return [swap.get(a, a) for a in args]
 
 
+def with_batch_size(args: list[str], batch_size: int) -> list[str]:
+    """``args`` with ``--data.batch_size`` set to ``batch_size``."""
+    at = args.index("--data.batch_size") + 1
+    return [*args[:at], str(batch_size), *args[at + 1 :]]
+
+
+def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
+    """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
+    from kiln.nets import ResNet
+
+    return ResNet(in_channels=3, num_classes=10), *((256, 64) if small else (50000, GPU_BATCH))
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small: bool = False) -> dict[str, float]:
+def run_raw(
+    workload: str, epochs: int, started: float, kind: str = "raw", small: bool = False, compile_mode: str = "default"
+) -> dict[str, float]:
     """zero_grad, forward, loss, backward, step; a DataLoader; evaluation under inference_mode."""
     import torch
     import torch.nn.functional as F
@@ -70,7 +100,7 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
 
     torch.manual_seed(42)
     device = torch.device("cuda" if workload == "cifar_gpu" and not small else "cpu")
-    fast = kind == "raw_fast"  # bf16 autocast + channels_last + torch.compile
+    fast = kind == "raw_fast"  # bf16 autocast + channels_last + torch.compile (in compile_mode)
     if workload == "default":
         from torchvision.transforms import v2
 
@@ -99,14 +129,13 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
             data.setup("fit")
             train_set, val_set = data.train_set, data.val_set  # type: ignore[assignment]
     else:
-        from kiln.nets import ResNet
-
-        n, batch_size = (2560, 128) if workload == "resnet" else ((256, 64) if small else (50000, 512))
+        net, n, batch_size = gpu_net(small)
+        if workload == "resnet":
+            n, batch_size = 2560, 128
         g = torch.Generator().manual_seed(0)
         images = torch.randint(0, 256, (n + n // 10, 3, 32, 32), generator=g, dtype=torch.uint8).float().div(255)
         labels = torch.randint(0, 10, (n + n // 10,), generator=g)
         train_set, val_set = TensorDataset(images[:n], labels[:n]), TensorDataset(images[n:], labels[n:])
-        net = ResNet(in_channels=3, num_classes=10)
     workers = 4 if device.type == "cuda" else 0
     options = {"num_workers": workers, "pin_memory": device.type == "cuda", "persistent_workers": workers > 0}
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True, **options)  # type: ignore[arg-type]
@@ -116,7 +145,8 @@ def run_raw(workload: str, epochs: int, started: float, kind: str = "raw", small
     net = net.to(device)
     if fast:
         net = net.to(memory_format=torch.channels_last)
-    model: torch.nn.Module = torch.compile(net) if fast and not small else net  # type: ignore[assignment]
+    compiled = fast and not small and compile_mode != "none"
+    model: torch.nn.Module = torch.compile(net, mode=compile_mode) if compiled else net  # type: ignore[assignment]
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01, fused=True)  # as the template
     total = epochs * len(loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -171,8 +201,76 @@ def peak_memory(device: object) -> dict[str, float]:
     return memory
 
 
-def run_template(workload: str, epochs: int, started: float, kind: str = "template", small: bool = False) -> dict:
-    """The template's own `fit`: default callbacks, W&B (offline) and the progress bar all on."""
+def run_ceiling(
+    workload: str,
+    epochs: int,
+    started: float,
+    kind: str = "ceiling",
+    small: bool = False,
+    compile_mode: str = "default",
+    profile: Path | None = None,
+) -> dict[str, float]:
+    """What the GPU does with this model: the optimised net and fused AdamW on batches already on the GPU
+    (zero_grad, forward, loss, backward, step), nothing else: no loader, no schedule, no validation."""  # fmt: skip
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(42)
+    device = torch.device("cpu" if small else "cuda")
+    net, n, batch_size = gpu_net(small)
+    net = net.to(device).to(memory_format=torch.channels_last)
+    compiled = not small and compile_mode != "none"
+    model = torch.compile(net, mode=compile_mode) if compiled else net
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01, fused=True)
+    g = torch.Generator().manual_seed(0)  # a few distinct batches, normalised as the template's
+    batches = [
+        (((torch.randint(0, 256, (batch_size, 3, 32, 32), generator=g).float() / 255 - 0.5) / 0.29).to(device)
+         .contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (batch_size,), generator=g).to(device))
+        for _ in range(8)
+    ]  # fmt: skip
+    steps_per_epoch = math.ceil(n / batch_size)
+    first_step = timed_from = None
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    from profiling import StepWindows  # benchmarks/profiling.py
+
+    windows = StepWindows(profile, kind, steps_per_epoch) if profile is not None else None
+    for number in range(epochs * steps_per_epoch):
+        if number == steps_per_epoch:
+            sync(device)
+            timed_from = time.perf_counter()
+        if windows is not None:
+            windows.before_step(number)
+        step(*batches[number % len(batches)])
+        if first_step is None:
+            first_step = time.time() - started
+    if windows is not None:
+        windows.finish()
+    sync(device)
+    assert timed_from is not None and first_step is not None
+    rate = (epochs - 1) * steps_per_epoch / (time.perf_counter() - timed_from)
+    return {"steps_per_s": rate, "first_step_s": first_step, **peak_memory(device)}
+
+
+def run_template(
+    workload: str,
+    epochs: int,
+    started: float,
+    kind: str = "template",
+    small: bool = False,
+    compile_mode: str = "default",
+    profile: Path | None = None,
+    extra: list[str] | None = None,
+) -> dict:
+    """The template's own `fit`: default callbacks, W&B (offline) and the progress bar all on (``extra``: more
+    CLI arguments, to measure what a setting costs)."""  # fmt: skip
     from lightning.pytorch import Callback
 
     from kiln.cli import build_cli
@@ -196,13 +294,19 @@ def run_template(workload: str, epochs: int, started: float, kind: str = "templa
 
     runs = tempfile.mkdtemp(prefix="kiln-bench-")
     args = smoke(WORKLOADS[workload][0]) if small else WORKLOADS[workload][0]
+    if workload == "cifar_gpu" and not small:
+        args = with_batch_size(args, GPU_BATCH)
     if kind != "template":  # template_fast, template_on_device
-        args = [*args, *(FAST if not small else FAST[:2])]
+        args = [*args, *fast_args(compile_mode, small)]
     if kind == "template_on_device":
         args = [*args, "--data.on_device", "true", "--data.num_workers", "0"]
-    cli = build_cli([*args, "--trainer.max_epochs", str(epochs), "--run.root", runs], run=False)
+    cli = build_cli([*args, *(extra or []), "--trainer.max_epochs", str(epochs), "--run.root", runs], run=False)
     timer = Timer()
     cli.trainer.callbacks.append(timer)  # type: ignore[attr-defined]
+    if profile is not None:
+        from profiling import lightning_windows  # benchmarks/profiling.py
+
+        cli.trainer.callbacks.append(lightning_windows(profile, kind))  # type: ignore[attr-defined]
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert timer.first_step is not None
     return {"steps_per_s": timer.rate, "first_step_s": timer.first_step, **peak_memory(timer.device)}
@@ -253,8 +357,8 @@ def measure(command: list[str]) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def one(kind: str, workload: str, small: bool) -> dict[str, float]:
-    command = [sys.executable, str(Path(__file__)), "--one", kind, "--workload", workload]
+def one(kind: str, workload: str, small: bool, settings: list[str]) -> dict[str, float]:
+    command = [sys.executable, str(Path(__file__)), "--one", kind, "--workload", workload, *settings]
     return measure(command + ["--started", repr(time.time())] + (["--smoke"] if small else []))
 
 
@@ -263,32 +367,57 @@ COMPARISONS = [
     ("default", "raw", "template", "template / raw loop"),
     ("default", "raw_batched", "template", "template / raw loop with the template's batches (loop cost only)"),
     ("resnet", "raw", "template", "template / raw loop"),
-    ("cifar_gpu", "raw", "raw_fast", "bf16 + channels_last + compile / fp32 eager (raw)"),
-    ("cifar_gpu", "raw_fast", "template_fast", "template / raw loop, both optimised"),
+    ("cifar_gpu", "raw", "raw_fast", "optimised / fp32 eager (raw loops, DataLoader)"),
+    ("cifar_gpu", "raw", "ceiling", "ceiling / fp32 eager raw loop: the most the optimised settings can give"),
+    ("cifar_gpu", "raw_fast", "template_fast", "template / raw loop, same DataLoader, both optimised"),
+    ("cifar_gpu", "ceiling", "template_on_device", "template, on-device data / ceiling"),
     ("cifar_gpu", "template_fast", "template_on_device", "on-device data / DataLoader (template)"),
 ]
 
 
 def main() -> None:
+    global GPU_BATCH
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="default: all this machine can run")
     parser.add_argument("--smoke", action="store_true", help="every workload tiny, on the CPU, once: checks the script")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for the JSON and Markdown results")
     parser.add_argument("--update-readme", action="store_true", help="also rewrite the table in benchmarks/README.md")
-    parser.add_argument("--one", choices=sorted({k for ks in KINDS.values() for k in ks}), help=argparse.SUPPRESS)
+    all_kinds = sorted({k for ks in KINDS.values() for k in ks})
+    parser.add_argument("--kinds", nargs="+", choices=all_kinds, help="only these kinds (default: each workload's)")
+    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default=DEFAULT_COMPILE_MODE,
+                        help="cifar_gpu's optimised kinds: torch.compile mode, or none for eager")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=GPU_BATCH, help="cifar_gpu's batch size")
+    parser.add_argument("--epochs", type=int, help="epochs per run (default: the workload's)")
+    parser.add_argument("--profile", type=Path, help="also profile each run into this folder (benchmarks/profiling.py)")
+    parser.add_argument("--no-sweep", action="store_true", help="leave out the sweep and start-up measurements")
+    parser.add_argument("--template-args", default="", help="more `kiln fit` arguments for the template kinds")
+    parser.add_argument("--one", choices=all_kinds, help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--sweep-trials", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
+    GPU_BATCH = options.batch_size
     if options.sweep_trials:  # the sweep measurement, in its own process
         print(json.dumps(sweep_overhead(options.sweep_trials)))
         return
     if options.one:  # a single measured process
-        runner = run_raw if options.one.startswith("raw") else run_template
-        epochs = WORKLOADS[options.workload][1] if not options.smoke else 2
-        print(json.dumps(runner(options.workload, epochs, options.started, options.one, options.smoke)))
+        epochs = options.epochs or (WORKLOADS[options.workload][1] if not options.smoke else 2)
+        run = (options.workload, epochs, options.started, options.one, options.smoke)
+        if options.one.startswith("raw"):
+            result = run_raw(*run, compile_mode=options.compile_mode)
+        else:
+            if options.one == "ceiling":
+                result = run_ceiling(*run, compile_mode=options.compile_mode, profile=options.profile)
+            else:
+                extra = shlex.split(options.template_args)
+                result = run_template(*run, compile_mode=options.compile_mode, profile=options.profile, extra=extra)
+        print(json.dumps(result))
         return
+    settings = ["--compile-mode", options.compile_mode, "--batch-size", str(options.batch_size)]
+    settings += ["--epochs", str(options.epochs)] if options.epochs else []
+    settings += ["--profile", str(options.profile)] if options.profile else []
+    settings += ["--template-args", options.template_args] if options.template_args else []
 
     import torch
 
@@ -300,16 +429,20 @@ def main() -> None:
     medians: dict[str, dict[str, dict[str, float]]] = {}
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     for workload in workloads:
-        samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS[workload]}
+        kinds = [k for k in KINDS[workload] if options.kinds is None or k in options.kinds]
+        samples: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
         for repeat in range(repeats):
             for kind in samples:  # interleaved, so drifts hit every kind alike
-                samples[kind].append(one(kind, workload, options.smoke))
+                samples[kind].append(one(kind, workload, options.smoke, settings))
                 print(f"{workload} {kind} #{repeat + 1}: {samples[kind][-1]}", file=sys.stderr)
         medians[workload] = {k: {m: statistics.median(s[m] for s in v) for m in v[0]} for k, v in samples.items()}
         runs[workload] = samples
-    results: dict[str, object] = {"medians": medians, "runs": runs, "comparisons": []}
+    gpu = {"compile_mode": options.compile_mode, "batch_size": options.batch_size}
+    if options.smoke:  # on the CPU, tiny and never compiled
+        gpu = {"compile_mode": "none", "batch_size": 64}
+    results: dict[str, object] = {"medians": medians, "runs": runs, "comparisons": [], "cifar_gpu_settings": gpu}
     for workload, base, measured, meaning in COMPARISONS:
-        if workload in runs:  # paired: each repeat's runs ran back to back, so machine drift cancels
+        if workload in runs and {base, measured} <= set(runs[workload]):  # paired: drift cancels
             pairs = list(zip(runs[workload][base], runs[workload][measured], strict=True))
             results["comparisons"].append({  # type: ignore[attr-defined]
                 "workload": workload, "baseline": base, "measured": measured, "meaning": meaning,
@@ -317,13 +450,14 @@ def main() -> None:
                 "extra_ms_per_step": statistics.median(1000 / b["steps_per_s"] - 1000 / a["steps_per_s"]
                                                        for a, b in pairs),
             })  # fmt: skip
-    sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "2" if options.smoke else "8"])
-    results["sweep"] = sweep
-    sweep["process_s"] = seconds(
-        [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
-         "--run.root", tempfile.mkdtemp(), "--run.test_after_fit=false"]
-    )  # fmt: skip
-    if not options.smoke:
+    if not options.no_sweep:
+        sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "2" if options.smoke else "8"])
+        results["sweep"] = sweep
+        sweep["process_s"] = seconds(
+            [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
+             "--run.root", tempfile.mkdtemp(), "--run.test_after_fit=false"]
+        )  # fmt: skip
+    if not options.smoke and not options.no_sweep:
         imports, helps = [], []
         for _ in range(repeats):  # interleaved as well
             imports.append(seconds([sys.executable, "-c", "import lightning"]))
@@ -346,11 +480,21 @@ def machine_name() -> str:
     return name
 
 
+def gpu_settings(results: dict) -> list[str]:
+    """The line that says how cifar_gpu's kinds ran (none when it did not run)."""
+    if "cifar_gpu" not in results["medians"]:
+        return []
+    s = results["cifar_gpu_settings"]
+    compiled = "eager" if s["compile_mode"] == "none" else f"torch.compile mode {s['compile_mode']}"
+    return [f"cifar_gpu: batch {s['batch_size']}; optimised kinds: bf16 autocast, channels_last, {compiled}."]
+
+
 def write(results: dict, repeats: int, out: Path, readme: bool) -> None:
     machine = machine_name()
     lines = [
         f"Machine: {machine}. Medians of {repeats} interleaved runs each (ratio and extra ms/step: medians "
         f"of the back-to-back pairs), {datetime.now():%Y-%m-%d %H:%M}.",
+        *gpu_settings(results),
         "",
         "| workload | measured / baseline | baseline steps/s | measured steps/s | ratio | extra ms/step "
         "| first step baseline / measured (s) | peak RSS baseline / measured (MB) | peak GPU (MB) |",
