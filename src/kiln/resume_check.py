@@ -12,7 +12,15 @@ from kiln.secrets import REDACTED
 from kiln.shapes import TARGETS
 
 # settings that change speed or memory, not the computation: a resume may change them
-RUNTIME_ONLY = {"compile", "compile_mode", "channels_last", "fused", "foreach", "activation_checkpointing"}
+RUNTIME_ONLY = {
+    "compile",
+    "compile_mode",
+    "compile_dynamic",
+    "channels_last",
+    "fused",
+    "foreach",
+    "activation_checkpointing",
+}
 
 
 def init_only(class_path: Any) -> tuple[str, ...]:

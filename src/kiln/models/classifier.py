@@ -46,6 +46,10 @@ class Classifier(LightningModule):
         compile: ``torch.compile`` the network (never this LightningModule, so ``self.log`` keeps
             working); its parameter names do not change, so checkpoints load either way.
         compile_mode: ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``).
+        compile_dynamic: ``torch.compile``'s ``dynamic``. ``False``: one graph per batch shape, each
+            specialised; with torch's automatic choice (``None``) an epoch's last, smaller batch turns
+            the network into a shape-generic graph that every later batch then runs. ``None`` suits
+            inputs whose length varies from batch to batch (more than torch's 8 recompilations).
         channels_last: Keep weights and inputs in NHWC layout, faster for convolutions on GPUs
             with tensor cores (use with ``bf16-mixed``/``16-mixed``). Images only: for other
             inputs it is left off, with one line saying so.
@@ -66,6 +70,7 @@ class Classifier(LightningModule):
         label_smoothing: float = 0.0,
         compile: bool = False,
         compile_mode: str | None = None,
+        compile_dynamic: bool | None = False,
         channels_last: bool = False,
         backbone_lr_ratio: float = 1.0,
         freeze_backbone_epochs: int = 0,
@@ -83,7 +88,8 @@ class Classifier(LightningModule):
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
         if compile:
-            self.net.compile(mode=compile_mode)  # in place: same state_dict keys, no `_orig_mod.` prefix
+            # in place: same state_dict keys, no `_orig_mod.` prefix
+            self.net.compile(mode=compile_mode, dynamic=compile_dynamic)
         self.num_classes = num_classes
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
