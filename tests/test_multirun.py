@@ -21,28 +21,67 @@ QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--tra
 WIDTH = "model.init_args.net.init_args.width"
 
 
+def scored(run_dir: Path, which: str) -> float:
+    """A run's test/acc of the ``best`` or ``last`` weights, from its metrics.json."""
+    results = json.loads((run_dir / "metrics.json").read_text())["test"]
+    return next(r["metrics"]["test/acc"] for r in results if which in r["label"].replace(" ", "").split("="))
+
+
 @pytest.mark.slow
 def test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing(capsys: pytest.CaptureFixture) -> None:
     command = ["multirun", "--seeds", "0-1", "--grid", f"{WIDTH}=8,16", "--", *LIMIT, *QUIET]
     main(command)
     root = Path("runs/multirun/multirun")
-    folders = sorted(root.glob("width=*/seed*/*"))
+    folders = sorted(root.glob("width=*/seed*/2*"))
     assert [f.parent.relative_to(root).as_posix() for f in folders] == [
         "width=16/seed0", "width=16/seed1", "width=8/seed0", "width=8/seed1"]  # fmt: skip
     with (root / "results.csv").open() as f:
         rows = {(r["cell"], r["metric"]): r for r in csv.DictReader(f)}
-    for cell in ("width=8", "width=16"):
-        accs = [json.loads((d / "metrics.json").read_text())["test"][0]["metrics"]["test/acc"]
-                for d in folders if d.parent.parent.name == cell]  # fmt: skip
-        row = rows[(cell, "test/acc")]
+    for cell, which in [(c, w) for c in ("width=8", "width=16") for w in ("best", "last")]:
+        accs = [scored(d, which) for d in folders if d.parent.parent.name == cell]  # each run's own, by weights
+        row = rows[(cell, f"test/acc @{which}")]
         assert float(row["mean"]) == pytest.approx(np.mean(accs)) and int(row["n"]) == 2
         assert float(row["std"]) == pytest.approx(np.std(accs, ddof=1))
         assert float(row["ci95"]) == pytest.approx(12.706 * np.std(accs, ddof=1) / np.sqrt(2))
-    assert "| width=8 | test/acc |" in (root / "results.md").read_text()
+    report = (root / "results.md").read_text()
+    assert "| width=8 | test/acc @best |" in report and "| width=8 | test/acc @last |" in report
+    assert "@best: the checkpoint (and its epoch's validation) with the best val/loss" in report
     capsys.readouterr()
     main(command)
-    assert capsys.readouterr().err.count("done before") == 4
-    assert sorted(root.glob("width=*/seed*/*")) == folders  # nothing new trained
+    assert capsys.readouterr().err.count("done before with the same config") == 4
+    assert sorted(root.glob("width=*/seed*/2*")) == folders  # nothing new trained
+
+
+@pytest.mark.slow
+def test_a_rerun_with_other_settings_trains_again_and_reports_only_the_new_runs(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("trainer:\n  limit_train_batches: 3\n")
+    command = ["multirun", "--seeds", "0", "--", *LIMIT, *QUIET, "-c", str(extra)]
+    main(command)
+    root = Path("runs/multirun/multirun")
+    (first,) = root.glob("base/seed0/2*")
+    extra.write_text("trainer:\n  limit_train_batches: 4\n")  # the same command line, another config file
+    capsys.readouterr()
+    main(command)
+    assert "trained before with other settings (trainer.limit_train_batches 3 -> 4): training again" in (
+        capsys.readouterr().err
+    )
+    (second,) = set(root.glob("base/seed0/2*")) - {first}
+    assert json.loads((second / "metrics.json").read_text())["global_step"] == 2 * 4  # the new settings
+    with (root / "results.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc @last")
+    assert int(row["n"]) == 1 and float(row["mean"]) == pytest.approx(scored(second, "last"))  # never the stale run
+
+
+def test_an_empty_seed_range_and_every_run_failing_exit_non_zero(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["multirun", "--seeds", "3-1"])
+    assert stop.value.code == 2 and "--seeds '3-1': an empty range" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # the net cannot take a width of 0: every run fails
+        main(["multirun", "--seeds", "0-1", "--", *LIMIT, *QUIET, f"--{WIDTH}=0"])
+    assert stop.value.code == 1 and "every run failed (2)" in capsys.readouterr().err
 
 
 def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> None:
@@ -72,10 +111,9 @@ def test_subprocess_runs_take_a_ddp_preset_and_aggregate_like_the_others(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr
     (run_dir,) = (tmp_path / "runs" / "multirun" / "multirun" / "base" / "seed3").iterdir()
-    tested = json.loads((run_dir / "metrics.json").read_text())["test"][0]["metrics"]["test/acc"]
     with (tmp_path / "runs" / "multirun" / "multirun" / "results.csv").open() as f:
-        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc")
-    assert float(row["mean"]) == pytest.approx(tested) and int(row["n"]) == 1
+        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc @last")
+    assert float(row["mean"]) == pytest.approx(scored(run_dir, "last")) and int(row["n"]) == 1
 
 
 def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.CaptureFixture) -> None:

@@ -3,27 +3,33 @@
     kiln multirun --seeds 0-4 --folds 5 --grid model.init_args.net.init_args.width=16,32 -- -c configs/…
 
 Every run is an in-process ``kiln fit`` (``--subprocess``: its own process, for DDP) in
-``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run whose ``metrics.json`` is complete is skipped on a
-rerun. ``results.md`` and ``results.csv`` give mean, sample std, 95% confidence interval (Student's t)
-and n per metric and grid cell.
+``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run that completed with the same resolved config is
+skipped on a rerun (one with other settings is trained again beside it). ``results.md`` and
+``results.csv`` give mean, sample std, 95% confidence interval (Student's t) and n per metric and
+grid cell, each test metric once per set of weights the runs tested (``@best``, ``@last``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import io
 import itertools
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
 from kiln import runs
+from kiln.callbacks.resume import Preempted
 from kiln.errors import KilnError, UsageError
-from kiln.sweep.inprocess import NeedsOwnProcess, fit, fit_process, parse_command, short_key
+from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, fit, fit_process, parse_command, short_key
 from kiln.sweep.space import flags
 from kiln.testing import read_metrics
 
@@ -42,6 +48,8 @@ def seeds(text: str) -> list[int]:
             found += list(range(int(low), int(high) + 1)) if high else [int(low)]
     except ValueError:
         raise UsageError(f"--seeds {text!r}: give a range (0-4) or a list (1,3,7)") from None
+    if not found:
+        raise UsageError(f"--seeds {text!r}: an empty range, nothing to run; give low-high with low <= high (0-4)")
     return found
 
 
@@ -69,23 +77,76 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(n) if n > 1 else float("nan"), "n": n}
 
 
+CONFIG_FILE = "multirun.yaml"  # in a run folder: the config it was resolved to, what a rerun compares
+
+
+def weights(label: str) -> list[str]:
+    """The weights a test result scored, as ``best`` and/or ``last`` (``best = last``: both, one step)."""
+    if label == "final weights":  # nothing was saved: the weights at the end of training
+        return ["last"]
+    return [part.strip() for part in label.split("=")]
+
+
 def run_metrics(run_dir: Path) -> dict[str, float]:
-    """The numbers a run contributes: best validation metrics and the (first tested checkpoint's) test metrics."""
+    """The numbers a run contributes, each named by the weights behind it: the validation metrics at the
+    best epoch (``val/acc @best``) and every tested checkpoint's test metrics (``test/acc @best``, ``@last``)."""
     data = read_metrics(run_dir)
-    found = {f"best {k}": v for k, v in ((data.get("val") or {}).get("best") or {}).items() if k != "epoch"}
-    tests = data.get("test") or []
-    if tests:
-        found.update(tests[0]["metrics"])
+    best = (data.get("val") or {}).get("best") or {}
+    found = {f"{k} @best": v for k, v in best.items() if k != "epoch"}
+    for result in data.get("test") or []:
+        for which in weights(result["label"]):
+            found.update({f"{k} @{which}": v for k, v in result["metrics"].items()})
     return found
 
 
-def finished(folder: Path, tested: bool) -> Path | None:
-    """The run folder under ``folder`` that completed (tested, when tests are on), if any."""
+def legend(run_dirs: list[Path]) -> str:
+    """What ``@best`` and ``@last`` mean for these runs (the monitor their checkpoints were chosen by)."""
+    monitor = next((m for d in run_dirs if (m := (read_metrics(d).get("val") or {}).get("monitor"))), "val/loss")
+    return (
+        f"@best: the checkpoint (and its epoch's validation) with the best {monitor}; "
+        "@last: the final weights. Mean, sample std, 95% CI (Student's t) over n runs."
+    )
+
+
+def resolved_config(fit_args: list[str]) -> str:
+    """The config ``kiln fit <fit_args>`` resolves to (what ``--print_config`` prints), before anything runs:
+    a rerun reuses a run only if this text is the same (the files behind ``-c`` may have changed)."""
+    from kiln.cli import argv_hidden, build_cli
+
+    printed = io.StringIO()
+    with argv_hidden(), contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
+        build_cli(["fit", *fit_args, "--print_config"])
+    return printed.getvalue()
+
+
+def changed_keys(old: str, new: str, most: int = 3) -> str:
+    """``trainer.max_epochs 2 -> 5, …``: the settings that differ between two resolved configs."""
+
+    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(node, dict):
+            return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): node}
+
+    before, after = flat(yaml.safe_load(old) or {}), flat(yaml.safe_load(new) or {})
+    keys = [k for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
+    shown = [f"{k} {before.get(k, '(unset)')} -> {after.get(k, '(unset)')}" for k in keys[:most]]
+    return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def finished(folder: Path, tested: bool, config: str) -> tuple[Path | None, str | None]:
+    """The run folder under ``folder`` that completed (tested, when tests are on) with ``config``; else
+    ``None`` and, when a completed run had other settings, which (it is never reused)."""
+    other = None
     for run_dir in sorted(folder.glob("*"), reverse=True):
         data = read_metrics(run_dir)
-        if "val" in data and ("test" in data or not tested):
-            return run_dir
-    return None
+        if "val" not in data or ("test" not in data and tested):
+            continue
+        saved = run_dir / CONFIG_FILE
+        if saved.is_file() and saved.read_text() == config:
+            return run_dir, None
+        if other is None:
+            other = changed_keys(saved.read_text(), config) if saved.is_file() else "settings not recorded"
+    return None, other
 
 
 def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]]:
@@ -96,6 +157,7 @@ def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]
         for metric in sorted({m for values in per_run for m in values}):
             values = [values[metric] for values in per_run if metric in values]
             rows.append({"cell": cell, "metric": metric, **summary(values)})
+    note = legend([d for run_dirs in folders.values() for d in run_dirs])
     with (root / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["cell", "metric", "mean", "std", "ci95", "n"])
         writer.writeheader()
@@ -103,8 +165,9 @@ def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]
     lines = ["| cell | metric | mean | std | 95% CI | n |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['cell']} | {r['metric']} | {r['mean']:.4f} | {r['std']:.4f} | ±{r['ci95']:.4f} | {r['n']} |"
               for r in rows]  # fmt: skip
-    (root / "results.md").write_text("\n".join(lines) + "\n")
-    table = Table(title=f"{root}: mean, std, 95% CI (t) over runs", title_justify="left")
+    (root / "results.md").write_text("\n".join(lines) + f"\n\n{note}\n")
+    table = Table(title=f"{root}: mean, std, 95% CI (t) over runs", title_justify="left", caption=note,
+                  caption_justify="left")  # fmt: skip
     for column in ("cell", "metric", "mean", "std", "95% CI", "n"):
         table.add_column(column, justify="left" if column in ("cell", "metric") else "right")
     for r in rows:
@@ -131,26 +194,48 @@ def multirun_command(args: list[str]) -> None:
     tested = "--run.test_after_fit=false" not in fit_args
     folds = list(range(options.folds)) if options.folds else [None]
     folders: dict[str, list[Path]] = {}
-    for cell in grid(options.grid):
-        for seed, fold in itertools.product(seeds(options.seeds), folds):
-            name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
-            done = finished(root / name, tested)
-            if done is None:
-                fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
-                run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
-                       f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
-                try:
-                    fit_process(run) if options.subprocess else fit(run)
-                except KilnError as err:
-                    runs.remove_failed_run()
-                    print(f"{name}: failed: {err}", file=sys.stderr)
-                    if isinstance(err, NeedsOwnProcess):
-                        raise  # every run would fail the same way
-                    continue
-                done = finished(root / name, tested)
-            else:
-                print(f"{name}: done before ({done}), skipped", file=sys.stderr)
-            if done is not None:
-                folders.setdefault(cell_name(cell), []).append(done)
+    planned = [
+        (cell, seed, fold)
+        for cell in grid(options.grid)
+        for seed, fold in itertools.product(seeds(options.seeds), folds)
+    ]
+    failed = []
+    for cell, seed, fold in planned:
+        name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+        fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
+        run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
+               f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
+        config = resolved_config(run)
+        done, other = finished(root / name, tested, config)
+        if done is not None:
+            print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
+        else:
+            if other is not None:
+                print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
+            before = set((root / name).glob("*"))
+            try:
+                fit_process(run) if options.subprocess else fit(run)
+            except (SIGTERMException, Preempted, Interrupted):
+                raise  # stopped from outside: the same command resumes
+            except Exception as err:  # a user error or a crash: this run fails, the others go on
+                runs.remove_failed_run()
+                line = str(err).splitlines()[0] if str(err) else ""
+                print(f"{name}: failed: {line if isinstance(err, KilnError) else f'{type(err).__name__}: {line}'}",
+                      file=sys.stderr)  # fmt: skip
+                if isinstance(err, NeedsOwnProcess):
+                    raise  # every run would fail the same way
+                failed.append(name)
+                continue
+            for new in set((root / name).glob("*")) - before:
+                (new / CONFIG_FILE).write_text(config)
+            done, _ = finished(root / name, tested, config)
+        if done is not None:
+            folders.setdefault(cell_name(cell), []).append(done)
     if folders:
         aggregate(root, folders)
+    if failed and len(failed) == len(planned):
+        raise KilnError(f"every run failed ({len(failed)}): nothing to aggregate; each run's line above says why")
+    if failed:
+        print(
+            f"{len(failed)} of {len(planned)} runs failed ({', '.join(failed)}): left out of the table", file=sys.stderr
+        )
