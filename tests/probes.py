@@ -139,3 +139,17 @@ class RecordInputs(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         (self.folder / f"inputs-rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class GRUNet(torch.nn.Module):
+    """A recurrent net over (C, L) signals, whose export makes torch's exporters warn at length."""
+
+    def __init__(self, num_classes: int, in_channels: int = 1, hidden: int = 16) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.gru = torch.nn.GRU(in_channels, hidden, batch_first=True)
+        self.head = torch.nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x.transpose(1, 2))
+        return self.head(out[:, -1])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from dataset_files import write_image_folder
-from helpers import LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
 from kiln.data.folder import decode
@@ -61,6 +61,51 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
     got = torch.tensor([[float(row[f"p_{c}"]) for c in range(10)] for row in rows])
     assert torch.allclose(got, eager, atol=2e-6)  # the CSV's 6 decimals
     assert [int(row["predicted"]) for row in rows] == eager.argmax(-1).tolist()
+
+
+@pytest.mark.slow
+def test_preprocess_json_of_a_signal_model_prepares_raw_signals_as_training_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import numpy as np
+    import onnxruntime
+
+    stats = ["--data.init_args.mean=[0.5]", "--data.init_args.std=[2.0]"]  # a wrong recipe shows
+    waves = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml"), *LIMIT, *QUIET, *stats]
+    fit = build_cli(["fit", *waves, "--run.root", str(tmp_path), "--run.test_after_fit=false"])
+    last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"  # the weights fit.model holds
+    out = tmp_path / "served"
+    capsys.readouterr()
+    main(["export", "--ckpt_path", str(last), "--output", str(out), "--format", "onnx"])
+    assert "kiln infer" not in capsys.readouterr().err.splitlines()[-1].split("(")[0]  # it reads images only
+    spec = json.loads((out / "preprocess.json").read_text())
+    assert spec["source"] == "array" and spec["input_shape"] == [1, 64] and spec["resize"] is None
+    assert spec["scale"] == 1.0 and spec["mean"] == [0.5] and spec["std"] == [2.0] and "x = (sample" in spec["recipe"]
+    data = fit.datamodule
+    raw = np.stack([data.test_set.raw(i)[0].numpy() for i in range(len(data.test_set))])  # as stored
+    labels = data.test_set.labels.numpy()
+    x = ((raw * spec["scale"] - np.asarray(spec["mean"])) / np.asarray(spec["std"])).astype(spec["dtype"])
+    served = onnxruntime.InferenceSession(out / "model.onnx").run(None, {spec["input"]: x})[0]
+    model = fit.model.eval()
+    with torch.inference_mode():
+        normalised = torch.cat([batch[0] for batch in data.test_dataloader()])  # the data module's own path
+        eager = model(normalised).softmax(-1).numpy()
+    np.testing.assert_allclose(served, eager, atol=1e-5)
+    assert (served.argmax(1) == labels).mean() == (eager.argmax(1) == labels).mean()
+
+
+@pytest.mark.slow
+def test_exporting_a_recurrent_net_prints_a_few_lines_not_torchs_warnings(tmp_path: Path) -> None:
+    gru = "--model.init_args.net=probes.GRUNet"  # tests/probes.py
+    waves = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml"), *LIMIT, *QUIET, gru]
+    fit = build_cli(["fit", *waves, "--run.root", str(tmp_path), "--run.test_after_fit=false"])
+    last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    command = [sys.executable, "-m", "kiln", "export", "--ckpt_path", str(last), "--output", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stderr.splitlines()  # was 44: torch's exporter warnings, each with its source line
+    assert len(lines) <= 6 and "FutureWarning" not in done.stderr and lines[-1].startswith("exported to")
 
 
 def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_line(tmp_path: Path) -> None:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +67,28 @@ def load_trained(ckpt_path: str) -> tuple[Any, Any]:
 
 
 def preprocess(data: Any) -> dict[str, Any]:
-    """What ``kiln infer`` does to a file before the network: decode, resize, scale, normalise."""
+    """What a sample needs before the network, as the data module did it: for images (C, H, W) a file is
+    decoded, resized and its pixels scaled to [0, 1]; other samples are scaled as the data stored them
+    (uint8 to [0, 1], floats as they are); then both are normalised."""
+    shape = list(data.input_shape)
+    image = len(shape) == 3
+    stored = data.test_set.raw(0)[0].dtype if data.test_set is not None and len(data.test_set) else torch.float32
+    scale = 1 / 255 if image or stored == torch.uint8 else 1.0
+    axis = 0 if len(data.mean) > 1 or len(data.std) > 1 else None
+    per = "channel" if len(shape) > 1 else "feature"
+    along = f"along axis 0 of a sample (one per {per})" if axis == 0 else "(one value for every element)"
+    source = "an image file, decoded to uint8 pixels and resized to H x W (bilinear)" if image else (
+        f"an array of shape {shape} ({str(stored).removeprefix('torch.')}, as the training data held it)")  # fmt: skip
     return {
-        "input_shape": list(data.input_shape),
-        "scale": 1 / 255,  # uint8 pixels to [0, 1], then (x - mean) / std per channel
+        "source": "image" if image else "array",
+        "input_shape": shape,  # one sample; the network takes a batch of them, batch first
+        "dtype": "float32",
+        "scale": scale,
         "mean": list(data.mean),
         "std": list(data.std),
-        "resize": "bilinear",
+        "stats_axis": axis,
+        "resize": "bilinear" if image else None,
+        "recipe": f"x = (sample * scale - mean) / std, with mean and std {along}; sample: {source}",
         "class_names": list(data.class_names) if data.class_names else None,
         "input": "input",
         "output": "probabilities",
@@ -103,6 +121,37 @@ def parity(run: Any, eager: nn.Module, inputs: Tensor, batch_sizes: list[int]) -
     return found
 
 
+@contextmanager
+def _quiet_export_logs() -> Iterator[None]:
+    """torch.export's loggers at ERROR while exporting (its serialiser warns of symbols it drops)."""
+    logger = logging.getLogger("torch._export")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: list[str], inputs: Tensor,
+                   batch_sizes: list[int], report: dict[str, Any]) -> None:  # fmt: skip
+    """Export each format into ``staging`` and add its parity against ``served`` to ``report``."""
+    batch = torch.export.Dim("batch", min=1)
+    if "onnx" in formats:
+        import onnxruntime
+
+        torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
+                          external_data=False, input_names=["input"], output_names=["probabilities"],
+                          dynamic_shapes={"x": {0: batch}})  # fmt: skip
+        session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
+        report["onnx"] = parity(lambda x: session.run(None, {"input": x.numpy()})[0], served, inputs, batch_sizes)
+    if "pt2" in formats:
+        program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
+        torch.export.save(program, staging / "model.pt2")
+        reloaded = torch.export.load(staging / "model.pt2").module()
+        report["pt2"] = parity(reloaded, served, inputs, batch_sizes)
+
+
 def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
            samples: int) -> dict[str, Any]:  # fmt: skip
     """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing."""
@@ -110,24 +159,18 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
     served = Probabilities(model).eval()
     inputs = test_inputs(data, samples)
     example = inputs[: max(2, min(7, len(inputs)))]
-    batch = torch.export.Dim("batch", min=1)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance}
+    caught: list[warnings.WarningMessage] = []
     try:
-        if "onnx" in formats:
-            import onnxruntime
-
-            torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
-                              external_data=False, input_names=["input"], output_names=["probabilities"],
-                              dynamic_shapes={"x": {0: batch}})  # fmt: skip
-            session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
-            report["onnx"] = parity(lambda x: session.run(None, {"input": x.numpy()})[0], served, inputs, batch_sizes)
-        if "pt2" in formats:
-            program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
-            torch.export.save(program, staging / "model.pt2")
-            reloaded = torch.export.load(staging / "model.pt2").module()
-            report["pt2"] = parity(reloaded, served, inputs, batch_sizes)
+        with warnings.catch_warnings(record=True) as caught, _quiet_export_logs():  # torch's exporters warn
+            warnings.simplefilter("always")  # about their own internals: dozens of lines for a GRU
+            _write_formats(served, example, staging, formats, inputs, batch_sizes, report)
+        if caught:
+            first = sorted({str(w.message).splitlines()[0][:100] for w in caught})[0]
+            print(f"torch's exporters warned {len(caught)} times (the first: {first}); the parity check "
+                  "says whether the files are right", file=sys.stderr)  # fmt: skip
         (staging / "preprocess.json").write_text(json.dumps(preprocess(data), indent=2))
         (staging / "parity.json").write_text(json.dumps(report, indent=2))
         bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
@@ -170,4 +213,9 @@ def export_command(args: list[str]) -> None:
         for size, r in report[fmt].items():
             print(f"{fmt} batch {size}: max |difference| {r['max_abs_diff']:.2e}, top-1 agreement "
                   f"{r['top1_agreement']:.2%} on {report['samples']} test samples", file=sys.stderr)  # fmt: skip
-    print(f"exported to {output}: `kiln infer --model {output / 'model.onnx'} <images or folder>`", file=sys.stderr)
+    spec = json.loads((output / "preprocess.json").read_text())
+    if spec["source"] == "image":
+        print(f"exported to {output}: `kiln infer --model {output / 'model.onnx'} <images or folder>`", file=sys.stderr)
+    else:  # kiln infer reads image files only
+        print(f"exported to {output}: inputs of shape {spec['input_shape']}, prepared as preprocess.json's recipe "
+              "says, go to model.onnx through onnxruntime (kiln infer reads image files)", file=sys.stderr)  # fmt: skip

@@ -59,7 +59,7 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
     if not model.is_file() or not spec_file.is_file():
         raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
     spec = json.loads(spec_file.read_text())
-    if len(spec["input_shape"]) != 3:
+    if spec.get("source", "image") != "image" or len(spec["input_shape"]) != 3:
         raise UsageError(
             f"kiln infer reads image files, but {model} takes samples of shape {spec['input_shape']}, not images "
             "(C, H, W): predict with `kiln predict --ckpt_path`, or feed arrays of that shape to onnxruntime"
