@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli, main
 from kiln.errors import UsageError
@@ -131,3 +131,21 @@ def test_init_from_a_checkpoint_of_another_network_stops_in_one_line(tmp_path: P
     torch.save({"state_dict": {"encoder.weight": torch.zeros(3, 3)}}, other)
     with pytest.raises(UsageError, match=r"--init_from .*other.ckpt: none of its 1 weights fit this model"):
         build_cli([*QUIET, "--init_from", str(other)], run=False)
+
+
+def test_init_from_another_network_class_is_refused_even_where_some_weights_match(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    root = ["--run.root", str(tmp_path)]
+    digits = build_cli(["fit", *LIMIT, *QUIET, *root, "--run.test_after_fit=false"])  # SmallCNN
+    best = digits.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    signals = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml"), *LIMIT, *QUIET, *root]  # SignalCNN
+    with pytest.raises(UsageError) as refused:  # batch-norm tensors share names and sizes by chance
+        build_cli([*signals, "--init_from", best], run=False)
+    message = str(refused.value)
+    assert "it holds a kiln.nets.SmallCNN, this run trains a kiln.nets.SignalCNN" in message
+    assert "--init_partial true" in message and "fit only by chance (" in message
+    capsys.readouterr()
+    build_cli([*signals, "--init_from", best, "--init_partial", "true"], run=False)  # asked for: loaded
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--init_from")]
+    assert "weights loaded from a kiln.nets.SmallCNN (--init_partial)" in line

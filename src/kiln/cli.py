@@ -251,6 +251,10 @@ class KilnCLI(LightningCLI):
             "--init_from", type=str | None, default=None,
             help="fit: start a new run from this checkpoint's weights (fine-tuning): new optimizer, schedule, folder",
         )  # fmt: skip
+        parser.add_argument(
+            "--init_partial", type=bool, default=False,
+            help="with --init_from: load what fits by name and shape even from another network class",
+        )  # fmt: skip
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -332,7 +336,7 @@ class KilnCLI(LightningCLI):
                     f"--init_from {config.init_from}: not applied, the run resumes its own checkpoint", file=sys.stderr
                 )
             else:
-                print(load_weights(self.model, config.init_from), file=sys.stderr)
+                print(load_weights(self.model, config.init_from, partial=config.init_partial), file=sys.stderr)
         if self._trained is not None:
             refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
 
