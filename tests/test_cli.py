@@ -203,6 +203,51 @@ def test_paths_the_user_set_are_kept_and_said(tmp_path: Path, capsys: pytest.Cap
     assert (tmp_path / "logs" / "metrics.csv").is_file() and list((tmp_path / "weights").glob("mine-*.ckpt"))
 
 
+def fingerprint(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` with its size and modification time: what a later run must not change."""
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()]  # W&B links its service log
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
+
+
+@pytest.mark.parametrize("logger", ["wandb", "csv"])
+def test_a_runs_config_yaml_reused_with_c_starts_a_run_of_its_own(logger: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    main(["fit", *LIMIT, "-c", str(CONFIGS / "logger" / f"{logger}.yaml"), "--ckpt_path", "last"])
+    (old,) = run_dirs()
+    saved = (old / "config.yaml").read_text()
+    assert str(old) not in saved and "default_root_dir" not in saved and "ckpt_path: null" not in saved
+    before = fingerprint(old)
+    main(["fit", "-c", str(old / "config.yaml"), "--trainer.max_epochs", "1"])  # the README's reuse
+    new = next(d for d in run_dirs() if d != old)
+    assert fingerprint(old) == before  # the old run's checkpoints, metrics and logs untouched
+    assert list((new / "checkpoints").glob("best-*.ckpt")) and (new / "metrics.json").is_file()
+
+
+def test_mlflow_logs_each_run_into_one_store_under_the_root_named_by_experiment_and_folder() -> None:
+    mlflow = pytest.importorskip("mlflow", reason="needs the dev group (make install)")
+    mlflow_logger = ["--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger"]
+    for _ in range(2):
+        main(["fit", *LIMIT, *mlflow_logger, "--run.test_after_fit", "false"])
+    client = mlflow.MlflowClient(f"sqlite:///{Path('runs').resolve() / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("digits")  # run.name: the experiment
+    assert experiment is not None
+    found = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in found) == [d.name for d in run_dirs()]  # each run by its folder
+    assert all("val/loss" in r.data.metrics for r in found)
+
+
+def test_a_path_into_another_runs_folder_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    main(["fit", *LIMIT, "--trainer.max_epochs", "1", "--run.test_after_fit", "false"])
+    (old,) = run_dirs()
+    before = fingerprint(old)
+    with pytest.raises(SystemExit) as stop:  # e.g. a config.yaml an older kiln wrote, with its run's paths
+        main(["fit", *LIMIT, "--trainer.logger", "CSVLogger", f"--trainer.logger.init_args.save_dir={old}"])
+    assert stop.value.code == 1
+    error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+    assert "trainer.logger.init_args.save_dir" in error and f"inside another run's folder ({old})" in error
+    assert fingerprint(old) == before and run_dirs() == [old]
+
+
 def test_a_users_wandb_subclass_is_treated_as_wandb_and_dropped_callbacks_are_said(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

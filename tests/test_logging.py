@@ -86,17 +86,3 @@ def test_progress_bar_reads_metrics_at_most_refresh_rate_times_a_second(monkeypa
     cli.trainer.fit_loop.max_epochs = 3
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert reads.count(True) >= 12  # with time passing, every batch reads again
-
-
-def test_grad_norm_is_computed_once_per_step_for_both_callbacks(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    original = torch.nn.utils.get_total_norm
-
-    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.utils, "get_total_norm", counting)
-    cli = build_cli(SHORT, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert cli.trainer.global_step == 24 and len(calls) == 24

@@ -77,6 +77,20 @@ def test_a_sweep_completes_its_trials_and_best_yaml_reproduces_the_best(extra: l
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("logger", ["csv", "tensorboard"])
+def test_best_yaml_reproduces_a_trial_that_logged_to_files(logger: str, tmp_path: Path) -> None:
+    spec = yaml.safe_load(sweep_file(tmp_path, n_trials=1).read_text())
+    spec["args"] = [*LIMIT, "-c", str(CONFIGS / "logger" / f"{logger}.yaml"), "--trainer.enable_progress_bar=false"]
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
+    main(["sweep", "-c", str(tmp_path / "tiny.yaml"), "--root", str(tmp_path / "runs" / "sweeps")])
+    best = tmp_path / "runs" / "sweeps" / "tiny" / "best.yaml"
+    assert "save_dir" not in best.read_text()  # was `save_dir: null`, which the logger's type refused
+    rerun = build_cli(["fit", "-c", str(best), "--run.test_after_fit=false"])
+    assert rerun.trainer.checkpoint_callback.best_model_score.item() == study(tmp_path).best_value  # type: ignore[union-attr]
+    assert Path(rerun.trainer.logger.save_dir) == rerun.run_dir  # type: ignore[union-attr, arg-type]  # its own folder
+
+
+@pytest.mark.slow
 def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tmp_path: Path) -> None:
     planted = [{LR: 3e-3, "model.init_args.net.init_args.width": 16}] * 2 + [
         {LR: 1e6, "model.init_args.net.init_args.width": 16},  # diverges: the non-finite guard stops it

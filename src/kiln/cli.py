@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from jsonargparse import ArgumentError, Namespace
 from jsonargparse.typing import PositiveInt
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -32,12 +33,13 @@ from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
-from kiln.runs import best_checkpoint, latest_checkpoint, layout, resolve_run_dir, wandb_run_id
+from kiln.run_paths import RunPaths, class_nodes, is_a
+from kiln.runs import best_checkpoint, latest_checkpoint, layout, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.sweep import inprocess
 from kiln.testing import TestChoice, read_metrics, test_after_fit
-from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
+from kiln.wandb_mode import finish_wandb
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -84,13 +86,6 @@ class AlreadyFinished(Exception):
     """``fit --ckpt_path last`` on a run that trained and tested to its end: nothing to do."""
 
 
-def _class_nodes(value: Any) -> Iterator[Namespace]:
-    """The ``class_path``/``init_args`` entries in a logger or callbacks config value."""
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, Namespace) and "class_path" in item:
-            yield item
-
-
 def _fall_back_from_bf16(trainer: Namespace) -> str | None:
     """On a CUDA GPU without bf16 (before Ampere), use fp16 autocast with gradient scaling instead."""
     if trainer.precision != "bf16-mixed" or trainer.accelerator not in ("gpu", "cuda", "auto"):
@@ -110,15 +105,22 @@ class WandbConfigSaver(SaveConfigCallback):
     place of a number or a dict) would fail the type check Lightning's own save makes.
     """
 
-    def __init__(self, parser: LightningArgumentParser, config: Namespace, **kwargs: Any) -> None:
+    def __init__(
+        self, parser: LightningArgumentParser, config: Namespace, run_paths: RunPaths | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(parser, redact(config), **kwargs)
+        self.run_paths = run_paths
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        from lightning.pytorch.loggers import WandbLogger
 
         path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.parser.save(self.config, str(path), skip_unset=False, overwrite=True, skip_validation=True)
+        dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
+        if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
+            dumped = self.run_paths.portable(dumped)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(yaml.safe_dump(dumped, sort_keys=False))
+        os.replace(temporary, path)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
@@ -268,38 +270,16 @@ class KilnCLI(LightningCLI):
             print(line, file=sys.stderr)
         self.links.note(config, sources(self._given, [str(default_file)]))
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
-        given_root = config.trainer.default_root_dir
-        if given_root not in (None, str(self.run_dir)):
-            print(f"trainer.default_root_dir: {given_root} replaced by the run folder {self.run_dir} (set run.root "
-                  "to choose where run folders go)", file=sys.stderr)  # fmt: skip
-        config.trainer.default_root_dir = str(self.run_dir)
+        run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
+        run_paths.fill(config, config.run.name)
+        self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
         for stale in remove_stale_temporaries(layout(self.run_dir).checkpoints):
             print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
         if notice := _fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
         if config.run.cpu_threads is not None:
             torch.set_num_threads(config.run.cpu_threads)
-        for logger in _class_nodes(config.trainer.logger):
-            _fill("trainer.logger", logger.init_args, "save_dir", str(self.run_dir), unset=(None, "", "."))
-            if _is_a(logger, WandbLogger):  # kiln's, Lightning's or a user's subclass
-                if notice := ensure_wandb_mode():
-                    print(notice, file=sys.stderr)
-                if logger.init_args.get("mode") is None:  # per run: W&B reads the variable once per process
-                    logger.init_args.mode = os.environ.get("WANDB_MODE")
-                _fill("trainer.logger", logger.init_args, "name", f"{config.run.name}/{self.run_dir.name}")
-                if self.resume_dir is not None and logger.init_args.get("id") is None:
-                    logger.init_args.id = wandb_run_id(self.run_dir)  # the resumed run continues its W&B run
-                    logger.init_args.resume = "allow"
-            else:  # CSV / TensorBoard: write straight into the run folder, no name/version_N nesting
-                _fill("trainer.logger", logger.init_args, "name", "", unset=(None, "", "lightning_logs"))
-                _fill("trainer.logger", logger.init_args, "version", "", unset=(None, ""))
-        for profiler in _class_nodes(config.trainer.profiler):  # reports and traces go into the run folder too
-            _fill("trainer.profiler", profiler.init_args, "dirpath", str(self.run_dir))
-        callbacks = list(_class_nodes(config.trainer.callbacks))
-        for callback in callbacks:
-            if _is_a(callback, ModelCheckpoint):  # a user's subclass too
-                owner = f"trainer.callbacks ({callback.class_path.rsplit('.', 1)[-1]})"
-                _fill(owner, callback.init_args, "dirpath", str(layout(self.run_dir).checkpoints))
+        callbacks = [node for _, node in class_nodes(config.trainer.callbacks, ())]
         # callbacks the Trainer flags turn off: Lightning would refuse to start with them listed
         flags: dict[type, tuple[bool, str]] = {
             LearningRateMonitor: (not config.trainer.logger, "trainer.logger is false"),
@@ -309,7 +289,7 @@ class KilnCLI(LightningCLI):
         kept = []
         named = _named_callbacks(config.run.without, callbacks)
         for callback in callbacks:
-            why = next((why for base, (off, why) in flags.items() if off and _is_a(callback, base)), None)
+            why = next((why for base, (off, why) in flags.items() if off and is_a(callback, base)), None)
             if why is None and callback in named:
                 why = "run.without names it"
             if why is None:
@@ -369,12 +349,6 @@ def argv_hidden() -> Iterator[None]:
         sys.argv[1:] = command
 
 
-def _is_a(node: Namespace, base: type) -> bool:
-    """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
-    cls = import_class(node.class_path)
-    return isinstance(cls, type) and issubclass(cls, base)
-
-
 def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Namespace]:
     """The callbacks ``run.without`` names (by class name, path, or a base class's path); a name that
     matches none stops in one line listing the names there are."""
@@ -383,7 +357,7 @@ def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Names
         base = import_class(name) if "." in name else None
         matches = [
             c for c in callbacks
-            if name in (c.class_path, c.class_path.rsplit(".", 1)[-1]) or (isinstance(base, type) and _is_a(c, base))
+            if name in (c.class_path, c.class_path.rsplit(".", 1)[-1]) or (isinstance(base, type) and is_a(c, base))
         ]  # fmt: skip
         if not matches:
             there = sorted({c.class_path.rsplit(".", 1)[-1] for c in callbacks})
@@ -391,15 +365,6 @@ def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Names
             raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
         found += matches
     return found
-
-
-def _fill(owner: str, init_args: Namespace, name: str, value: Any, unset: tuple[Any, ...] = (None,)) -> None:
-    """Give ``name`` the run's ``value`` where the user left it unset; a value the user set is kept, and said."""
-    given = init_args.get(name)
-    if given in unset or given == value:
-        init_args[name] = value
-    else:
-        print(f"{owner}.init_args.{name}: keeping your {given!r} (the run folder's is {value!r})", file=sys.stderr)
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:

@@ -25,23 +25,27 @@ def _run_folder(trial: Any) -> Path | None:
 
 
 def portable(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A run's ``config.yaml`` without what the CLI filled in for that run folder: a rerun gets its own."""
+    """A trial's ``config.yaml`` as a config of its own: without the sweep's reporter, and without any path into
+    the trial's run folder (config.yaml leaves those out; an older kiln wrote them). A key is dropped, not set
+    to null, so the CLI fills in the new run's folder (a logger's ``save_dir: null`` would not parse)."""
     inside = str(run_dir)
 
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
+            return {k: clean(v) for k, v in value.items() if not _points_into(v, inside, run_dir.name)}
         if isinstance(value, list):
             return [clean(v) for v in value]
-        if isinstance(value, str) and (inside in value or value.endswith(f"/{run_dir.name}")):
-            return None
         return value
 
     cleaned = clean(config)
-    cleaned["ckpt_path"] = None
+    cleaned.pop("ckpt_path", None)
     callbacks = cleaned.get("trainer", {}).get("callbacks") or []
     cleaned["trainer"]["callbacks"] = [c for c in callbacks if "TrialReporter" not in str(c.get("class_path", c))]
     return cleaned
+
+
+def _points_into(value: Any, inside: str, name: str) -> bool:
+    return isinstance(value, str) and (inside in value or value.endswith(f"/{name}"))
 
 
 def best_run(study: Any) -> tuple[Any, Path, dict[str, Any]] | None:
@@ -118,14 +122,16 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
     project = _wandb_project(config)
     if project is None:
         return
-    from kiln.wandb_mode import ensure_wandb_mode
+    from kiln.wandb_mode import ensure_wandb_mode, finish_wandb
 
     if notice := ensure_wandb_mode():
         print(notice, file=sys.stderr)
     import wandb
 
+    finish_wandb()  # a run left open in this process (a notebook's fit) would take the report instead
+    mode: Any = os.environ.get("WANDB_MODE")  # given per run: W&B reads the variable once per process
     run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
-                     dir=str(sweep_dir))  # fmt: skip
+                     dir=str(sweep_dir), mode=mode)  # fmt: skip
     columns: list[str | int] = ["trial", "state", sweep.metric, *(param.key for param in sweep.space)]
     rows = [[t.number, t.state.name, t.value, *(t.params.get(param.key) for param in sweep.space)]
             for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]  # fmt: skip
