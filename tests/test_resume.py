@@ -300,3 +300,20 @@ def test_a_resume_with_another_batch_size_neither_replays_nor_skips_samples(tmp_
     resumed = labels("resumed", 16, "--ckpt_path", str(mid))
     reference = labels("reference", 16)  # the same order in batches of 16: samples 64-79 are its fifth batch
     assert resumed[0] == reference[4]  # before, the position was 2 batches: samples 32-47 were trained on again
+
+
+def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.CaptureFixture) -> None:
+    quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--run.test_after_fit", "false"]
+    full = build_cli(["fit", "--trainer.max_epochs", "1", *quiet])  # all of the data
+    debug = build_cli(["fit", *LIMIT, *quiet])  # newer, under the same run name
+    capsys.readouterr()
+    resumed = build_cli(["fit", "--trainer.max_epochs", "2", "--ckpt_path", "last", *quiet])
+    assert resumed.run_dir == full.run_dir and resumed.trainer.current_epoch == 2
+    err = capsys.readouterr().err
+    assert debug.run_dir is not None and full.run_dir is not None
+    assert f"--ckpt_path last: left out 1 newer run(s) on part of the data: {debug.run_dir.name} " in err
+    assert "(limit_train_batches=5)" in err
+    tested = build_cli(["test", "--ckpt_path", "best", "--trainer.logger", "false"])
+    assert str(tested.config.test.ckpt_path).startswith(str(full.run_dir))  # the full run's best, not the debug one's
+    again = build_cli(["fit", *LIMIT, "--trainer.max_epochs", "3", "--ckpt_path", "last", *quiet])  # debug: its own
+    assert again.run_dir == debug.run_dir and again.trainer.current_epoch == 3

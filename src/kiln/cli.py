@@ -34,7 +34,7 @@ from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_settings
 from kiln.run_paths import RunPaths, class_nodes, is_a
-from kiln.runs import best_checkpoint, latest_checkpoint, layout, resolve_run_dir
+from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, partial_data, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.sweep import inprocess
@@ -162,15 +162,20 @@ class KilnCLI(LightningCLI):
         subcommand = self.config.subcommand
         config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
+        pick = Pick(partial_data(config.trainer), fit=subcommand == "fit")  # never a debug run for a real one
         if ckpt_path == "best" and subcommand != "fit":  # the newest run's best checkpoint, by its ModelCheckpoint
-            best = best_checkpoint(config.run.root, config.run.name)
+            best = best_checkpoint(config.run.root, config.run.name, pick)
+            if note := pick.note("--ckpt_path best"):
+                print(note, file=sys.stderr)
             if best is None:
                 where = Path(config.run.root).resolve() / config.run.name
                 raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
             print(f"--ckpt_path best: {best}", file=sys.stderr)
             ckpt_path = config.ckpt_path = str(best)
         if ckpt_path == "last":
-            found = latest_checkpoint(config.run.root, config.run.name)
+            found = latest_checkpoint(config.run.root, config.run.name, pick)
+            if note := pick.note("--ckpt_path last"):
+                print(note, file=sys.stderr)
             if found is None:
                 where = Path(config.run.root).resolve() / config.run.name
                 print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)

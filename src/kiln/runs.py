@@ -7,6 +7,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 RUN_DIR_ENV = "KILN_RUN_DIR"
 
@@ -129,8 +130,61 @@ def remove_failed_run() -> Path | None:
     return created
 
 
-def latest_checkpoint(root: str | Path, name: str) -> Path | None:
-    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of experiment ``name``.
+PARTIAL = ("fast_dev_run", "overfit_batches", "limit_train_batches", "limit_val_batches")
+
+
+def partial_data(trainer: Any) -> str | None:
+    """The Trainer setting with which a run trains or validates on part of the data (the debug presets,
+    ``--trainer.limit_train_batches``), as ``key=value``; ``None`` for a run on all of it."""
+    get = trainer.get if hasattr(trainer, "get") else lambda key, default=None: default
+    for key in PARTIAL:
+        value = get(key, None)
+        full = value in (None, False, 0, 0.0) if key in ("fast_dev_run", "overfit_batches") else value in (None, 1.0)
+        if not full:
+            return f"{key}={value}"
+    return None
+
+
+def run_partial_data(run_dir: Path) -> str | None:
+    """:func:`partial_data` of the run in ``run_dir``, from its ``config.yaml`` (``None`` without one)."""
+    import yaml
+
+    config = run_dir / "config.yaml"
+    try:
+        trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") if config.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return partial_data(trainer) if isinstance(trainer, dict) else None
+
+
+class Pick:
+    """Which runs ``--ckpt_path last|best`` may take for a command: a run on part of the data (a debug
+    preset) is never taken for a run on all of it; a ``fit`` resumes only a run of its own kind."""
+
+    def __init__(self, command_partial: str | None, fit: bool) -> None:
+        self.command_partial, self.fit = command_partial, fit
+        self.left_out: list[tuple[Path, str]] = []  # newer runs passed over, with why
+
+    def accepts(self, run_dir: Path) -> bool:
+        partial = run_partial_data(run_dir)
+        taken = (partial is None) == (self.command_partial is None) if self.fit else (
+            partial is None or self.command_partial is not None)  # fmt: skip
+        if not taken:
+            self.left_out.append((run_dir, partial or "all of the data"))
+        return taken
+
+    def note(self, option: str) -> str | None:
+        """One line on the newer runs left out, if any."""
+        if not self.left_out:
+            return None
+        runs = ", ".join(f"{run.name} ({why})" for run, why in self.left_out[:3])
+        kind = "on part of the data" if self.command_partial is None else "on all of the data"
+        more = f" and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+        return f"{option}: left out {len(self.left_out)} newer run(s) {kind}: {runs}{more}"
+
+
+def latest_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
+    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of experiment ``name`` (of a run ``pick`` takes).
 
     Under a cluster job id only that job's own folder counts (a requeue keeps its id), so a second
     job with other settings never continues the first one's run.
@@ -139,21 +193,26 @@ def latest_checkpoint(root: str | Path, name: str) -> Path | None:
     job = _job_id()
     pattern = f"{job or '*'}/{RunLayout.CHECKPOINTS}"
     found = [*runs.glob(f"{pattern}/{RunLayout.LAST}"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    for checkpoint in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        if pick is None or pick.accepts(checkpoint.parent.parent):
+            return checkpoint
+    return None
 
 
-def best_checkpoint(root: str | Path, name: str) -> Path | None:
-    """The best checkpoint of experiment ``name``'s newest run, as its ``ModelCheckpoint`` recorded it."""
+def best_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
+    """The best checkpoint of experiment ``name``'s newest run (that ``pick`` takes), as its ``ModelCheckpoint``
+    recorded it: the file of that name in the run's own folder, so a moved or copied run finds its own."""
     from kiln.checkpointing import load_checkpoint_file
 
-    last = latest_checkpoint(root, name)
+    last = latest_checkpoint(root, name, pick)
     if last is None:
         return None
     states = load_checkpoint_file(last, mmap=True).get("callbacks", {})
     for key, state in states.items():
         best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
-        if best and Path(best).is_file():
-            return Path(best)
+        for candidate in (last.parent / Path(best).name, Path(best)) if best else ():
+            if candidate.is_file():
+                return candidate
     return None
 
 
