@@ -14,7 +14,7 @@ SWEEP ?= digits
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install train sweep test test-fast test-gpu gpu-check gpu-wheels lint format typecheck notebook bench clean
+.PHONY: help install add train sweep test test-fast test-gpu gpu-check gpu-wheels lint format typecheck notebook bench clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,6 +25,10 @@ install: ## Install uv if missing, then the locked environment (.venv) and, in a
 	$(UV) sync --locked --all-extras --compile-bytecode  # every extra (HF datasets, LitData); precompiled .pyc: fast start-up
 	@if [ -d .git ]; then $(UV) run --no-sync pre-commit install >/dev/null && echo "pre-commit hooks installed"; fi
 	@echo "ready: make train, make test-fast; the CLI is .venv/bin/kiln (or \`source .venv/bin/activate\`, then kiln)"
+
+add: ## Add a dependency to pyproject.toml and uv.lock and install it (PKG='name>=1.2'; GROUP=dev for a tool)
+	@test -n "$(PKG)" || { echo "PKG='name>=version': the package to add (GROUP=dev for a development tool)"; exit 2; }
+	$(UV) add $(if $(GROUP),--group $(GROUP)) "$(PKG)"
 
 train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, DEBUG=, ARGS=)
 	$(UV) run --no-sync kiln fit $(PRESETS) $(ARGS)

@@ -8,7 +8,7 @@ set -euo pipefail
 NNODES=${NNODES:-1}
 if [ "$NNODES" -gt 1 ]; then : "${RDZV_ID:?set RDZV_ID to the same new value on every node}"; fi
 NPROC_PER_NODE=${NPROC_PER_NODE:-$(nvidia-smi -L | wc -l)}
-exec uv run --no-sync torchrun \
+exec "$(dirname "$0")/../.venv/bin/torchrun" \
   --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "${NODE_RANK:-0}" \
   --rdzv-id "${RDZV_ID:-kiln-$(date +%Y%m%d-%H%M%S)}" --rdzv-backend c10d \
   --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
