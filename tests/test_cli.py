@@ -320,3 +320,14 @@ def test_every_fit_writes_best_and_last_validation_metrics_and_wall_time() -> No
     assert val["monitor"] == "val/loss" and val["last"]["epoch"] == 1 and "test" not in metrics
     assert val["best"]["val/loss"] == min(val["best"]["val/loss"], val["last"]["val/loss"])
     assert val["best"]["val/loss"] == pytest.approx(cli.trainer.checkpoint_callback.best_model_score.item())  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_a_gpu_preset_without_a_gpu_stops_in_one_line_naming_the_file(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "-c", str(CONFIGS / "trainer" / "gpu.yaml")])  # make train TRAINER=gpu
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not Path("runs").exists()  # was a 40-line MisconfigurationException
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"{CONFIGS / 'trainer' / 'gpu.yaml'}: trainer.accelerator asks for gpu, but torch sees no CUDA GPU" in line

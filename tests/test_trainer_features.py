@@ -15,7 +15,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kiln.callbacks import GradNormMonitor
-from kiln.cli import _fall_back_from_bf16, build_cli
+from kiln.cli import build_cli
+from kiln.devices import fall_back_from_bf16
 from kiln.models import Classifier
 from kiln.nets import ResNet, SmallCNN
 
@@ -184,10 +185,10 @@ def test_bf16_falls_back_to_fp16_on_gpus_without_it(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100")
     trainer = Namespace(precision="bf16-mixed", accelerator="gpu")
-    assert "Tesla V100 has no bf16" in (_fall_back_from_bf16(trainer) or "")
+    assert "Tesla V100 has no bf16" in (fall_back_from_bf16(trainer) or "")
     assert trainer.precision == "16-mixed"
     cpu = Namespace(precision="bf16-mixed", accelerator="cpu")
-    assert _fall_back_from_bf16(cpu) is None and cpu.precision == "bf16-mixed"
+    assert fall_back_from_bf16(cpu) is None and cpu.precision == "bf16-mixed"
 
 
 def test_slurm_preset_takes_the_cluster_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

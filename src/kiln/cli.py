@@ -29,6 +29,7 @@ from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.class_switch import carried_over
 from kiln.config_errors import describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
+from kiln.devices import fall_back_from_bf16, missing_gpu
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
@@ -84,18 +85,6 @@ class RunOptions:
 
 class AlreadyFinished(Exception):
     """``fit --ckpt_path last`` on a run that trained and tested to its end: nothing to do."""
-
-
-def _fall_back_from_bf16(trainer: Namespace) -> str | None:
-    """On a CUDA GPU without bf16 (before Ampere), use fp16 autocast with gradient scaling instead."""
-    if trainer.precision != "bf16-mixed" or trainer.accelerator not in ("gpu", "cuda", "auto"):
-        return None
-    import torch
-
-    if not torch.cuda.is_available() or torch.cuda.is_bf16_supported():
-        return None
-    trainer.precision = "16-mixed"
-    return f"{torch.cuda.get_device_name()} has no bf16: using precision 16-mixed (fp16 with gradient scaling)"
 
 
 class WandbConfigSaver(SaveConfigCallback):
@@ -156,6 +145,10 @@ class KilnCLI(LightningCLI):
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
         given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
         self._given = [str(a) for a in given]
+        if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
+            self._checkpoint = load_checkpoint_file(named[1], mmap=True)  # parsed once, with its model and data
+            if self._rebuild_from_checkpoint(parser, *named, self._checkpoint):  # first, so flags of its data fit
+                return
         self._parse(parser, args)
         if not self.config.get("subcommand"):
             return
@@ -189,7 +182,7 @@ class KilnCLI(LightningCLI):
         elif ckpt_path not in (None, "best", "hpc"):
             self._checkpoint = load_checkpoint_file(ckpt_path, mmap=True)  # a one-line CheckpointError naming the file
         if subcommand != "fit" and self._checkpoint is not None:
-            self._rebuild_from_checkpoint(parser, subcommand, self._checkpoint, str(self.config[subcommand].ckpt_path))
+            self._rebuild_from_checkpoint(parser, subcommand, str(self.config[subcommand].ckpt_path), self._checkpoint)
 
     def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         try:
@@ -205,19 +198,21 @@ class KilnCLI(LightningCLI):
             raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
 
     def _rebuild_from_checkpoint(
-        self, parser: LightningArgumentParser, subcommand: str, checkpoint: dict[str, Any], ckpt_path: str
-    ) -> None:
-        """Parse again with the model and data the checkpoint was trained with as the first ``-c``: the
-        default data never meets another run's weights, and what the command gives still applies over it."""
+        self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str, checkpoint: dict[str, Any]
+    ) -> bool:
+        """Parse with the model and data the checkpoint was trained with as the first ``-c``: the default
+        data never meets another run's weights, and what the command gives still applies over it. False
+        for a checkpoint the CLI did not write (Lightning's own reading of its hyper-parameters applies)."""
         saved = saved_config(checkpoint, ckpt_path)
         if saved is None or subcommand not in self._given:
-            return  # not written by the CLI: Lightning's own reading of its hyper-parameters applies
+            return False
         at = self._given.index(subcommand) + 1
         with argv_hidden():  # LightningCLI warns when it sees both args and sys.argv
             self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
         self.config[subcommand].ckpt_path = ckpt_path
         self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
         print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
+        return True
 
     @staticmethod
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
@@ -273,14 +268,17 @@ class KilnCLI(LightningCLI):
         default_file = config_dir() / "train.yaml"
         for line in carried_over(config, default_file, sources(self._given, [])):
             print(line, file=sys.stderr)
-        self.links.note(config, sources(self._given, [str(default_file)]))
+        settings = sources(self._given, [str(default_file)])
+        self.links.note(config, settings)
+        if why := missing_gpu(config.trainer, settings):  # before a run folder exists
+            raise ConfigError(why)
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
         run_paths.fill(config, config.run.name)
         self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
         for stale in remove_stale_temporaries(layout(self.run_dir).checkpoints):
             print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
-        if notice := _fall_back_from_bf16(config.trainer):
+        if notice := fall_back_from_bf16(config.trainer):
             print(notice, file=sys.stderr)
         if config.run.cpu_threads is not None:
             torch.set_num_threads(config.run.cpu_threads)
@@ -341,6 +339,20 @@ class KilnCLI(LightningCLI):
                 file=sys.stderr,
             )
             raise
+
+
+def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
+    """``(subcommand, file)`` when the command line is validate/test/predict with ``--ckpt_path <file>``
+    (not ``best`` or ``last``, which need the parsed config to be found)."""
+    command = next((a for a in given if a in LightningCLI.subcommands()), None)
+    if command in (None, "fit"):
+        return None
+    for i, token in enumerate(given):
+        key, has_value, value = token.partition("=")
+        if key == "--ckpt_path":
+            value = value if has_value else (given[i + 1] if i + 1 < len(given) else "")
+            return (command, value) if value not in ("", "best", "last", "hpc", "null", "None") else None
+    return None
 
 
 @contextmanager
