@@ -91,6 +91,30 @@ def test_skip_mode_trains_on_the_rest_and_says_how_many_were_left_out(
     data = cli.datamodule
     assert len(data.train_set) + len(data.val_set) + len(data.test_set) == 59
     assert "FolderDataModule: skipped 1 unreadable file(s) and 1 empty class(es):" in capsys.readouterr().err
+    # predicting new files needs only the checkpoint and their folder: not the training images, nor a -c file
+    photos = pngs.parent / "photos"
+    photos.mkdir()
+    for source in sorted((pngs / "one").glob("*.png"))[:2]:
+        (photos / source.name).write_bytes(source.read_bytes())
+    pngs.rename(pngs.parent / "moved")  # the training folder is gone (its bad file and empty class with it)
+    ckpt = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    predicted = build_cli(["predict", "--ckpt_path", str(ckpt), "--data.init_args.predict_dir", str(photos)])
+    with (Path(predicted.trainer.default_root_dir) / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [Path(row["path"]).name for row in rows] == sorted(p.name for p in photos.iterdir())
+    assert all(row["class"] in NAMES for row in rows) and f"p_{NAMES[0]}" in rows[0]  # the trained classes
+
+
+def test_classes_the_run_recorded_must_be_what_the_folder_holds(pngs: Path) -> None:
+    data = FolderDataModule(root=pngs, image_size=8, channels=1, classes=NAMES)
+    data.setup("fit")
+    assert data.class_names == tuple(NAMES) and data.hparams["classes"] == NAMES
+    (pngs / "three").mkdir()
+    write_image_folder(pngs.parent / "more", classes=1, per_class=1)
+    for png in (pngs.parent / "more").rglob("*.png"):
+        png.rename(pngs / "three" / png.name)
+    with pytest.raises(DataError, match=r"now holds classes \['one', 'three', 'two', 'zero'\], the run was trained"):
+        FolderDataModule(root=pngs, image_size=8, channels=1, classes=NAMES).setup("test")
 
 
 def test_split_folders_listings_imbalance_and_cache(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

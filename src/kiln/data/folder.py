@@ -8,7 +8,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from jsonargparse.typing import PositiveInt
@@ -92,7 +92,10 @@ class FolderDataModule(TensorDataModule):
             batch comes, for a large dataset you trust).
         cache: Decode once into memory as uint8 at ``image_size``; the on-device path then applies.
         predict_dir: Unlabelled images (every image file below it) for ``kiln predict``; ``None``
-            predicts the test split.
+            predicts the test split. With it, predicting reads neither ``root`` nor ``listing``.
+        classes: The class names in label order; ``None``: the folder names (or listing labels),
+            sorted. A run records the ones it found here, so its checkpoint predicts with them
+            even where the training images are gone, and a later scan that finds others stops.
         **kwargs: Loader and transform options of :class:`TensorDataModule`.
     """
 
@@ -110,6 +113,7 @@ class FolderDataModule(TensorDataModule):
         scan: bool = True,
         cache: bool = False,
         predict_dir: str | Path | None = None,
+        classes: list[str] | None = None,
         **kwargs,
     ) -> None:
         if (root is None) == (listing is None):
@@ -123,9 +127,28 @@ class FolderDataModule(TensorDataModule):
         self.split_seed, self.on_bad_file, self.imbalance = split_seed, on_bad_file, imbalance
         self.scan, self.cache = scan, cache
         self.predict_dir = Path(predict_dir) if predict_dir is not None else None
-        self.splits = self._listed(Path(listing)) if listing is not None else self._folders(Path(root))  # type: ignore[arg-type]
+        self.source = (Path(listing), "listing") if listing is not None else (Path(root), "root")  # type: ignore[arg-type]
+        self.splits: dict[str, Files] | None = None
+        if classes is None:  # the folders name them: read now, the model's size depends on them
+            self.splits = self._scan()
+        else:
+            self.class_names, self.empty_classes = tuple(classes), cast(list[str], [])
+        self.hparams["classes"] = list(self.class_names or ())  # what the checkpoint keeps
         self.num_classes = len(self.class_names or ())
         self.predict_set: ImageFiles | None = None
+
+    def _scan(self) -> dict[str, Files]:
+        """The labelled files of each split; the class names found must be those given (``classes``)."""
+        given = getattr(self, "class_names", None)
+        path, kind = self.source
+        splits = self._listed(path) if kind == "listing" else self._folders(path)
+        if given is not None and tuple(self.class_names or ()) != given:
+            found = tuple(self.class_names or ())
+            raise DataError(
+                f"data.{kind}: {path} now holds classes {list(found)}, the run was trained on {list(given)} "
+                "(data.init_args.classes): restore them, or train a new model on these"
+            )
+        return splits
 
     def _folders(self, root: Path) -> dict[str, Files]:
         """The files of each split given by folders (``train``/``val``/``test``), or of ``all``."""
@@ -172,6 +195,8 @@ class FolderDataModule(TensorDataModule):
 
     def _splits(self) -> dict[str, Files]:
         """train/val/test as the folders give them, else split here; a missing test/ is held out of train/."""
+        if self.splits is None:
+            self.splits = self._scan()
         if "all" in self.splits:
             return dict(zip(SPLITS, self._split(self.splits["all"], self.fractions), strict=True))
         splits = dict(self.splits)
@@ -228,7 +253,12 @@ class FolderDataModule(TensorDataModule):
         self.train_set = self._dataset(kept["train"], decoded, train=True)
         self.val_set = self._dataset(kept["val"], decoded, train=False)
         self.test_set = self._dataset(kept["test"], decoded, train=False)
-        if self.predict_dir is not None:
+
+    def setup(self, stage: str | None = None) -> None:
+        """Predicting a ``predict_dir`` reads only that folder: never the training images, which may be gone."""
+        if stage != "predict" or self.predict_dir is None:
+            super().setup(stage)
+        if stage == "predict" and self.predict_dir is not None and self.predict_set is None:
             files = image_files(self.predict_dir)
             if not files:
                 kinds = ", ".join(IMAGE_SUFFIXES)
@@ -236,4 +266,7 @@ class FolderDataModule(TensorDataModule):
             self.predict_set = ImageFiles(files, None, self.channels, self.size, **self.sample_options(False))
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_set if self.predict_set is not None else self.test_set, train=False)
+        if self.predict_dir is not None:
+            self.setup("predict")
+            return self._loader(self.predict_set, train=False)
+        return self._loader(self.test_set, train=False)
