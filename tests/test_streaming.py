@@ -21,7 +21,7 @@ from kiln.errors import DataError
 pytest.importorskip("litdata", reason="needs the data extra (make install; uv sync --extra data)")
 
 WAVEFORMS = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml")]
-CONVERT = [sys.executable, "-m", "kiln.convert"]
+CONVERT = [sys.executable, "-m", "kiln", "convert"]
 DETERMINISTIC = ["-c", str(CONFIGS / "trainer" / "deterministic.yaml")]
 DDP = ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]
 
@@ -101,5 +101,5 @@ def test_ddp_ranks_read_disjoint_shards(chunks: Path, tmp_path: Path) -> None:
 
 
 def test_a_folder_without_kiln_json_names_the_command_that_writes_it(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match=r"no kiln.json at .*; write it with `python -m kiln.convert`"):
+    with pytest.raises(DataError, match=r"no kiln.json at .*; write it with `kiln convert`"):
         StreamingDataModule(root=str(tmp_path))

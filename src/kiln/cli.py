@@ -422,6 +422,11 @@ def main(args: ArgsType = None) -> None:
 
             multirun_command(argv[1:])
             return
+        if argv[:1] == ["convert"]:  # any datamodule's splits to LitData chunks
+            from kiln.convert import main as convert
+
+            convert(argv[1:])
+            return
         if argv[:1] == ["export"]:  # ONNX and torch.export files, checked against the eager model
             from kiln.export import export_command
 

@@ -1,4 +1,4 @@
-"""``python -m kiln.convert -c <data YAML files> --output DIR``: any kiln datamodule to LitData chunks.
+"""``kiln convert -c <data YAML files> --output DIR``: any kiln datamodule to LitData chunks.
 
 Takes the same ``-c`` files and ``--data.*`` flags as training (their other keys are ignored), so
 what is streamed is exactly what would have been loaded.
@@ -17,8 +17,8 @@ from kiln.errors import KilnError
 
 
 def main(args: list[str] | None = None) -> None:
-    """``python -m kiln.convert -c <the data's YAML files> --output DIR``: convert, in one line or one error."""
-    parser = ArgumentParser(prog="python -m kiln.convert", exit_on_error=False)
+    """``kiln convert -c <the data's YAML files> --output DIR``: convert, in one line or one error."""
+    parser = ArgumentParser(prog="kiln convert", exit_on_error=False)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     parser.add_argument("--output", type=str, required=True, help="Folder of the chunks (and kiln.json).")

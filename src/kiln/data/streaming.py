@@ -2,7 +2,7 @@
 
 Convert any kiln datamodule (image folders, a Hugging Face dataset, tensors) once::
 
-    python -m kiln.convert -c configs/data/folder.yaml --data.init_args.root data/images --output data/streamed
+    kiln convert -c configs/data/folder.yaml --data.init_args.root data/images --output data/streamed
 
 then train with ``-c configs/data/streaming.yaml --data.init_args.root data/streamed``.
 """
@@ -127,7 +127,7 @@ class StreamingDataModule(TensorDataModule):
             )
         meta_path = Path(meta) if meta is not None else Path(root) / META
         if not meta_path.is_file():
-            raise DataError(f"data: no {META} at {meta_path}; write it with `python -m kiln.convert` (or pass meta)")
+            raise DataError(f"data: no {META} at {meta_path}; write it with `kiln convert` (or pass meta)")
         declared = json.loads(meta_path.read_text())
         self.default_mean, self.default_std = tuple(declared["mean"]), tuple(declared["std"])  # the converted data's
         super().__init__(**kwargs)
