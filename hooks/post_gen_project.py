@@ -14,12 +14,12 @@ from pathlib import Path
 OLD = "kiln"
 PACKAGE = "{{ cookiecutter.package_name }}"
 SLUG = "{{ cookiecutter.project_slug }}"
-# free text goes through JSON, so quotes and backslashes in the answers cannot break this file
-# (''' and not """: a JSON string ends with a double quote)
+# free text as JSON string literals (ASCII, every quote and backslash escaped): also valid Python literals,
+# so no answer can break this file
 # fmt: off
-NAME = json.loads(r'''{{ cookiecutter.project_name | jsonify }}''')
-AUTHOR = json.loads(r'''{{ cookiecutter.author | jsonify }}''')
-DESCRIPTION = json.loads(r'''{{ cookiecutter.description | jsonify }}''')
+NAME = {{ cookiecutter.project_name | jsonify }}  # noqa: F821
+AUTHOR = {{ cookiecutter.author | jsonify }}  # noqa: F821
+DESCRIPTION = {{ cookiecutter.description | jsonify }}  # noqa: F821
 # fmt: on
 TEMPLATE = "{{ cookiecutter._template | default('') }}"
 OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neither
@@ -71,7 +71,8 @@ def rewrite(path: Path) -> None:
     if path.name in ("pyproject.toml", "uv.lock"):  # the distribution's name
         text = re.sub(rf'^name = "{OLD}"$', f'name = "{SLUG}"', text, flags=re.MULTILINE)
     if path.name == "pyproject.toml":
-        text = re.sub(r"^description = .*$", "description = " + json.dumps(DESCRIPTION), text, flags=re.MULTILINE)
+        described = "description = " + json.dumps(DESCRIPTION, ensure_ascii=False)  # a TOML basic string
+        text = re.sub(r"^description = .*$", lambda _: described, text, flags=re.MULTILINE)  # taken as it is
         author = "authors = [" + "{" + " name = " + json.dumps(AUTHOR) + " " + "}]"  # no double braces: Jinja
         text = text.replace('readme = "README.md"', 'readme = "README.md"\n' + author, 1)
     if path.name == "README.md" and path.parent == Path("."):

@@ -152,12 +152,34 @@ def test_any_project_name_gives_a_valid_folder_and_package(
     assert f'name = "{folder}"' in (made / "pyproject.toml").read_text()
 
 
-def test_a_typed_package_name_that_cannot_work_is_refused_before_generation(template: Path, tmp_path: Path) -> None:
-    answers = ["project_name=X", "package_name=My-Pkg"]
+@pytest.mark.parametrize(
+    ("answers", "why"),
+    [(["package_name=My-Pkg"], "must be a lowercase ASCII Python identifier"),
+     (["package_name=import"], "is a Python keyword"), (["project_name=Class"], "'class' is a Python keyword"),
+     (["package_name=json"], "is a module of Python's standard library"),
+     (["project_name=Test"], "'test' is a module of Python's standard library"),
+     (["project_name=Torch"], "'torch' is a package this project imports")],
+    ids=["not_an_identifier", "keyword", "derived_keyword", "stdlib", "derived_stdlib", "dependency"],
+)  # fmt: skip
+def test_a_package_name_that_cannot_work_is_refused_before_generation(
+    template: Path, tmp_path: Path, answers: list[str], why: str
+) -> None:
     cmd = [sys.executable, "-m", "cookiecutter", str(template), "--no-input", "-o", str(tmp_path), *answers]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode != 0
     printed = done.stderr + done.stdout
-    assert "error: package_name 'My-Pkg' must be a lowercase ASCII Python identifier" in printed
+    (line,) = [line for line in printed.splitlines() if line.startswith("error:")]
+    assert why in line and "package_name" in line
     assert "Traceback" not in printed  # cookiecutter's log of a failed hook, quietened by hooks/quiet_failure.py
     assert list(tmp_path.iterdir()) == []  # nothing generated
+
+
+def test_any_description_is_accepted_as_written(template: Path, tmp_path: Path) -> None:
+    from cookiecutter.main import cookiecutter
+
+    description = "Détection d'objets — «rétine» 網膜 ''' \\u00e9 \"quoted\" \\ back"  # was re.error: bad escape \u
+    made = Path(cookiecutter(str(template), no_input=True, output_dir=str(tmp_path),
+                             extra_context={"project_name": "Retina", "description": description}))  # fmt: skip
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    assert tomllib.loads((made / "pyproject.toml").read_text())["project"]["description"] == description
+    assert description in (made / "README.md").read_text()
