@@ -95,12 +95,16 @@ def test_wandb_mode_set_by_user_is_respected(monkeypatch: pytest.MonkeyPatch, ca
 
 
 @pytest.mark.parametrize("on_device", [False, True], ids=["loader", "on_device"])
-def test_predict_writes_probabilities_to_run_folder(on_device: bool) -> None:
+def test_predict_writes_probabilities_to_run_folder(on_device: bool, capsys: pytest.CaptureFixture) -> None:
     data = ["--data.on_device", str(on_device).lower()]
     fit = build_cli(["fit", *LIMIT, *data, "--run.test_after_fit", "false", "--trainer.logger", "false"])
     ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
     main(["predict", *data, "--ckpt_path", str(ckpt), "--trainer.logger", "false"])
     predict_dir = next(d for d in run_dirs() if str(d) != fit.trainer.default_root_dir)
+    assert predict_dir.name.startswith("predict-")  # apart from the training runs (was named like one)
+    assert f"predictions: {predict_dir / 'predictions.csv'} (359 rows)" in capsys.readouterr().err  # says where
+    assert not list(predict_dir.glob(".*partial"))
     with (predict_dir / "predictions.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 359  # the digits test split
@@ -234,6 +238,18 @@ def test_mlflow_logs_each_run_into_one_store_under_the_root_named_by_experiment_
     found = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in found) == [d.name for d in run_dirs()]  # each run by its folder
     assert all("val/loss" in r.data.metrics for r in found)
+
+
+def test_the_lines_of_a_short_run_and_of_a_prediction_say_what_happened(capsys: pytest.CaptureFixture) -> None:
+    main(["fit", "-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), "--trainer.logger", "false"])
+    err = capsys.readouterr().out
+    assert "tested the final weights (step 1; no checkpoint was saved)" in err  # was "final weights the final …"
+    waves = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml"), *LIMIT, "--trainer.logger", "false"]
+    fit = build_cli(["fit", *waves, "--run.test_after_fit", "false"])
+    capsys.readouterr()
+    main(["predict", "--ckpt_path", str(Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"),
+          "--trainer.logger", "false"])  # fmt: skip
+    assert "keeps num_workers" not in capsys.readouterr().err  # the experiment file set it: nothing was kept
 
 
 def test_a_path_into_another_runs_folder_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:

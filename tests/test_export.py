@@ -49,6 +49,7 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
                str(tmp_path / "images")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ})
     assert done.returncode == 0, done.stderr[-2000:]
+    assert f"predictions: {(tmp_path / 'predictions.csv').resolve()}" in done.stderr  # where it went
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "onnxruntime" in imported and not {m for m in imported if m == "torch" or m.startswith("torch.")}
     with (tmp_path / "predictions.csv").open() as f:

@@ -129,6 +129,7 @@ class KilnCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
+        self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
         runs.new_command()
         quiet_lightning()
@@ -144,7 +145,7 @@ class KilnCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
         given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
-        self._given = [str(a) for a in given]
+        self._given = self._parsed = [str(a) for a in given]
         if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
             self._checkpoint = load_checkpoint_file(named[1], mmap=True)  # parsed once, with its model and data
             if self._rebuild_from_checkpoint(parser, *named, self._checkpoint):  # first, so flags of its data fit
@@ -207,8 +208,9 @@ class KilnCLI(LightningCLI):
         if saved is None or subcommand not in self._given:
             return False
         at = self._given.index(subcommand) + 1
+        self._parsed = [*self._given[:at], "-c", saved, *self._given[at:]]
         with argv_hidden():  # LightningCLI warns when it sees both args and sys.argv
-            self._parse(parser, [*self._given[:at], "-c", saved, *self._given[at:]])
+            self._parse(parser, self._parsed)
         self.config[subcommand].ckpt_path = ckpt_path
         self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
         print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
@@ -266,13 +268,14 @@ class KilnCLI(LightningCLI):
         sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         default_file = config_dir() / "train.yaml"
-        for line in carried_over(config, default_file, sources(self._given, [])):
+        for line in carried_over(config, default_file, sources(self._parsed, [])):
             print(line, file=sys.stderr)
-        settings = sources(self._given, [str(default_file)])
+        settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
         if why := missing_gpu(config.trainer, settings):  # before a run folder exists
             raise ConfigError(why)
-        self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir)
+        prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
+        self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
         run_paths.fill(config, config.run.name)
         self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again

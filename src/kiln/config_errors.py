@@ -67,6 +67,20 @@ def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
             yield from _walk(child, f"{path}[{i}]")
 
 
+INLINE = "the checkpoint's config"  # validate/test/predict --ckpt_path: its model and data, given as the first -c
+
+
+def _inline(text: str) -> dict[str, Any] | None:
+    """A ``-c`` value that is YAML text rather than a file name (jsonargparse takes both)."""
+    if "\n" not in text:
+        return None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
 def _load(path: str) -> Any:
     return yaml.safe_load(Path(path).read_text())
 
@@ -91,8 +105,10 @@ def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
             source.entries = list(_walk(_load(source.name)))
         except yaml.YAMLError as err:
             source.problem = err
-        except OSError:  # a file that is not there is named by jsonargparse's own error
-            pass
+        except OSError:  # not a file: a config given inline (a checkpoint's), or one jsonargparse names as missing
+            inline = _inline(source.name)
+            if inline is not None:
+                source.name, source.entries = INLINE, list(_walk(inline))
     return [*found, flags]
 
 

@@ -97,4 +97,4 @@ def infer_command(args: list[str]) -> None:
             raise UsageError("kiln infer: see `kiln infer --help`") from None
         raise
     written = infer(options.model, options.inputs, options.output, options.batch_size)
-    print(f"wrote {written}", file=sys.stderr)
+    print(f"predictions: {written.resolve()}", file=sys.stderr)

@@ -73,11 +73,12 @@ def new_command() -> None:
     created = None
 
 
-def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> Path:
+def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, prefix: str = "") -> Path:
     """Pick this run's folder, the same one in every process of a multi-process launch.
 
     A resumed run keeps the folder of its checkpoint. Otherwise the launching process picks a
-    fresh timestamped folder and exports it; Lightning's DDP
+    fresh timestamped folder (``prefix``: ``test-`` and so on for the evaluation commands, whose
+    folders hold results, not training runs) and exports it; Lightning's DDP
     workers (``LOCAL_RANK`` > 0) inherit it. Cluster launches, whose processes start
     independently, use the job id instead, so a requeued SLURM job finds its old folder.
     """
@@ -98,7 +99,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None) -> 
         run_dir.mkdir(parents=True, exist_ok=True)  # every process of the job, and its requeues, share it
     else:
         base.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        stamp = prefix + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         run_dir, n = base / stamp, 1
         while True:  # mkdir either creates the folder or fails: two runs never share one
             try:

@@ -32,8 +32,10 @@ def print_summary(results: list[TestResult], run_dir: Path | None, wandb_sync: s
         values = "".join(f"{r.metrics.get(key, float('nan')):>10.4f}" for r in results)
         lines.append(f"[bold]{key:<10}[/bold]{values}" if len(results) > 1 else f"[bold]{key}[/bold] {values.strip()}")
     for r in results:
-        source = f"{r.checkpoint} (step {r.step})" if r.checkpoint else "the final weights (no checkpoint was saved)"
-        lines.append(f"[bold]tested {r.label}[/bold] {source}")
+        if r.checkpoint:
+            lines.append(f"[bold]tested {r.label}[/bold] {r.checkpoint} (step {r.step})")
+        else:
+            lines.append(f"[bold]tested the final weights[/bold] (step {r.step}; no checkpoint was saved)")
     lines.append(f"[bold]run folder[/bold] {run_dir}")
     if wandb_sync:
         lines.append(f"[bold]W&B offline; upload with[/bold] {wandb_sync}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -28,6 +29,7 @@ class PredictionWriter(BasePredictionWriter):
         self.output_dir = output_dir
         self.filename = filename
         self.path: Path | None = None
+        self._partial = Path()
         self._file: IO[str] | None = None
         self._writer: Any = None
         self._rows = 0  # rows written: the dataset index where Lightning knows none
@@ -40,7 +42,8 @@ class PredictionWriter(BasePredictionWriter):
         rank = trainer.global_rank
         name = self.filename if rank == 0 else self.filename.replace(".csv", f"-rank{rank}.csv")
         self.path = folder / name
-        self._file = self.path.open("w", newline="")
+        self._partial = folder / f".{name}.partial"  # renamed when complete: never a half-written file
+        self._file = self._partial.open("w", newline="")
         self._writer = csv.writer(self._file)
         self._rows = 0
         loaders = trainer.predict_dataloaders
@@ -80,3 +83,12 @@ class PredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+            self._partial.replace(self.path or self._partial)
+            if trainer.is_global_zero:
+                print(f"predictions: {self.path} ({self._rows} rows)", file=sys.stderr)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._file is not None:  # stopped or failed mid-way: no partial predictions.csv stays behind
+            self._file.close()
+            self._file = None
+            self._partial.unlink(missing_ok=True)
