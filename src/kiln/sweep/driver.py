@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from kiln import runs
-from kiln.errors import KilnError
+from kiln.errors import KilnError, UsageError
 from kiln.sweep import reporting
 from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, describe, fit, fit_process, parse_command
 from kiln.sweep.report import report
@@ -223,9 +223,14 @@ def sweep_command(args: list[str]) -> None:
         "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
     )
     parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
+    parser.add_argument("--n_trials", type=int, help="trials the study should hold, instead of the file's n_trials")
     options, extra = parse_command(parser, args)
     sweep = read_sweep(options.config)
     sweep.args += extra
+    if options.n_trials is not None:
+        if options.n_trials < 1:
+            raise UsageError(f"kiln sweep: --n_trials {options.n_trials}: give 1 or more")
+        sweep.n_trials = options.n_trials
     root = Path(options.root)
     if options.wandb:
         path = root / sweep.name / "wandb_sweep.yaml"
