@@ -98,7 +98,8 @@ def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tm
     ]
     path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True},
                                        "model.init_args.net.init_args.width": {"choices": [16]}},
-                      enqueue=planted, pruner="median", pruner_startup_trials=2, pruner_warmup_epochs=0)  # fmt: skip
+                      enqueue=planted, pruner="median", pruner_startup_trials=2, pruner_warmup_epochs=0,
+                      n_trials=3)  # fmt: skip  # the failed trial does not count: 4 trials hold the 3
     main(["sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")])
     trials = study(tmp_path).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
@@ -108,7 +109,7 @@ def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tm
 @pytest.mark.slow
 def test_subprocess_trials_train_on_two_ddp_ranks_report_from_rank_0_and_prune_on_both(tmp_path: Path) -> None:
     planted = [{LR: 3e-3}, {LR: 1e6}, {LR: 1e-7}]  # one good, one that diverges, one worse than the median
-    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True}}, enqueue=planted, n_trials=3,
+    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True}}, enqueue=planted, n_trials=2,
                       pruner="median", pruner_startup_trials=1, pruner_warmup_epochs=0)  # fmt: skip
     spec = yaml.safe_load(path.read_text())
     spec["args"] += ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--trainer.max_epochs=2"]
@@ -269,3 +270,56 @@ def test_with_wandb_on_the_pictures_and_the_table_go_to_a_run_in_the_sweeps_grou
     assert [p.name.split("_")[0] for p in (report_run / "files" / "media" / "table" / "sweep").iterdir()] == ["trials"]
     trial_runs = list(folder.glob("trial-*/*/wandb/offline-run-*"))
     assert len(trial_runs) == 2
+
+
+@pytest.mark.slow
+def test_workers_and_reruns_never_draw_the_same_settings_and_one_driver_repeats_from_its_seed(tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-4, "high": 1.0e-1, "log": True}})
+    first = ["sweep", "-c", str(path), "--root", str(tmp_path / "a")]
+    main([*first, "--n_trials", "1"])  # one worker (or a driver killed after its first trial) ...
+    main([*first, "--n_trials", "2"])  # ... and the next one on the same study
+    shared = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'a' / 'tiny' / 'study.db'}")
+    drawn = [t.params[LR] for t in shared.get_trials()]
+    assert len(set(drawn)) == 2  # a sampler seeded with a constant drew trial 0's value again
+    main(["sweep", "-c", str(path), "--root", str(tmp_path / "b"), "--n_trials", "2"])  # alone, from the same seed
+    alone = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'b' / 'tiny' / 'study.db'}")
+    assert [t.params[LR] for t in alone.get_trials()] == drawn
+
+
+def test_a_misspelt_space_key_stops_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = sweep_file(tmp_path, space={"model.init_args.optimizer.init_args.lrr": {"low": 1.0e-3, "high": 1.0e-2}})
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")])
+    assert stop.value.code == 2
+    error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+    assert "sweep tiny:" in error and "lrr" in error
+    assert study(tmp_path).get_trials() == []  # nothing used up: the fixed file runs all of n_trials
+
+
+@pytest.mark.slow
+def test_a_misspelt_metric_stops_at_the_first_check_and_the_fixed_file_runs_every_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = sweep_file(tmp_path, metric="val/accuracy", direction="maximize", n_trials=2)
+    root = ["--root", str(tmp_path / "runs" / "sweeps")]
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "-c", str(path), *root])
+    assert stop.value.code == 2
+    error = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("error:"))
+    assert "'val/accuracy' is not logged in validation" in error and "did you mean val/acc?" in error
+    (failed,) = study(tmp_path).get_trials()
+    assert failed.state.name == "FAIL"
+    assert not list((tmp_path / "runs" / "sweeps" / "tiny").glob("trial-0000/*/checkpoints/*.ckpt"))  # untrained
+    path.write_text(path.read_text().replace("val/accuracy", "val/acc"))
+    main(["sweep", "-c", str(path), *root])
+    assert states(study(tmp_path)) == ["FAIL", "COMPLETE", "COMPLETE"]  # the failed one did not use a trial up
+
+
+def test_an_empty_study_file_is_refused_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    database = tmp_path / "runs" / "sweeps" / "tiny" / "study.db"
+    database.parent.mkdir(parents=True)
+    database.touch()  # 0 bytes: SQLite would start a new study beside the old trial folders
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "-c", str(sweep_file(tmp_path)), "--root", str(tmp_path / "runs" / "sweeps")])
+    assert stop.value.code == 2 and f"{database} is empty (0 bytes)" in capsys.readouterr().err
+    assert database.stat().st_size == 0

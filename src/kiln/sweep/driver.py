@@ -23,8 +23,17 @@ import yaml
 from kiln import runs
 from kiln.errors import KilnError, UsageError
 from kiln.sweep import reporting
-from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, describe, fit, fit_process, parse_command
+from kiln.sweep.inprocess import (
+    Interrupted,
+    NeedsOwnProcess,
+    describe,
+    fit,
+    fit_process,
+    parse_command,
+    resolved_config,
+)
 from kiln.sweep.report import report
+from kiln.sweep.reporting import MetricNotLogged
 from kiln.sweep.space import Sweep, flags, read_sweep, wandb_config
 
 
@@ -45,7 +54,13 @@ def storage_for(sweep_dir: Path, given: str | None) -> Any:
 
     if given is None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{(sweep_dir / 'study.db').resolve()}"
+        database = (sweep_dir / "study.db").resolve()
+        if database.is_file() and database.stat().st_size == 0:  # SQLite would take it for a new, empty study
+            raise UsageError(
+                f"{database} is empty (0 bytes): not the study its trial folders came from; restore it, or move "
+                "the sweep folder aside to start the sweep anew"
+            )
+        return f"sqlite:///{database}"
     if given.endswith((".log", ".journal")):  # a shared filesystem without a database server
         from optuna.storages.journal import JournalFileBackend
 
@@ -56,8 +71,11 @@ def storage_for(sweep_dir: Path, given: str | None) -> Any:
 def open_study(sweep: Sweep, storage: Any) -> Any:
     import optuna
 
+    from kiln.sweep.sampling import TrialSeeded
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own one line per trial
-    sampler = (optuna.samplers.TPESampler if sweep.sampler == "tpe" else optuna.samplers.RandomSampler)(seed=sweep.seed)
+    kind = optuna.samplers.TPESampler if sweep.sampler == "tpe" else optuna.samplers.RandomSampler
+    sampler = TrialSeeded(lambda seed: kind(seed=seed), sweep.seed)
     pruner = (
         optuna.pruners.MedianPruner(
             n_startup_trials=sweep.pruner_startup_trials, n_warmup_steps=sweep.pruner_warmup_epochs
@@ -151,7 +169,7 @@ def run_trial(
         runs.remove_failed_run()
         line = str(err).splitlines()[0] if str(err) else ""
         state = _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
-        if isinstance(err, NeedsOwnProcess):
+        if isinstance(err, NeedsOwnProcess | MetricNotLogged):
             raise  # every trial would fail the same way
         return state
     finally:
@@ -183,13 +201,37 @@ def _fail(study: Any, trial: Any, message: str) -> str:
     return "FAIL"
 
 
+def check_space(sweep: Sweep, sweep_dir: Path) -> None:
+    """Every space key, and the fit arguments, must parse as ``kiln fit`` takes them: a misspelt key would fail
+    every trial, after using the study up. Checked with each dimension's first value, before any trial."""
+    first: dict[str, Any] = {}
+    for p in sweep.space:
+        first[p.key] = (p.choices or [None])[0] if p.kind == "categorical" else p.low
+        first[p.key] = int(p.low or 0) if p.kind == "int" else first[p.key]
+    try:
+        resolved_config([*sweep.args, *flags(first), f"--run.root={sweep_dir}", "--run.name=check"])
+    except UsageError as err:
+        raise UsageError(f"sweep {sweep.name}: {err} (a trial's settings, {describe(first)})") from None
+
+
+COUNTED = ("COMPLETE", "PRUNED", "RUNNING")  # what n_trials counts: a failed trial does not use it up
+
+
+def _counted(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED)))
+
+
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
-    """Run trials until the study holds ``n_trials`` (any state), resuming orphaned ones first."""
+    """Run trials until the study holds ``n_trials`` complete, pruned or running ones, resuming orphaned ones
+    first; failed trials do not count, up to ``n_trials`` of them in one run of the command."""
     import optuna
     from optuna.trial import TrialState
 
     sweep_dir = root / sweep.name
     study = open_study(sweep, storage_for(sweep_dir, storage))
+    check_space(sweep, sweep_dir)
     for orphan in _orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
         print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
         reopened = optuna.trial.Trial(study, orphan._trial_id)
@@ -197,14 +239,22 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
     if not study.get_trials(deepcopy=False):
         for values in sweep.enqueue:  # first, the settings the sweep file names
             study.enqueue_trial(values)
-    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-    while len(study.get_trials(deepcopy=False, states=counted)) < sweep.n_trials:
+    if _counted(study) >= sweep.n_trials:
+        print(f"{sweep.name}: the study holds its {sweep.n_trials} trials (complete, pruned or running): nothing to "
+              "run; give --n_trials or n_trials more to run more", file=sys.stderr)  # fmt: skip
+        return study
+    states: list[str] = []
+    while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
         trial = study.ask()
-        if trial.number >= sweep.n_trials:  # another worker took the last one meanwhile
+        if _counted(study) > sweep.n_trials:  # another worker took the last one meanwhile (this one counts too)
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             break
-        run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials)
+        states.append(run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials))
+    if states and states.count("FAIL") == len(states):
+        report(study, sweep, sweep_dir)
+        raise KilnError(f"sweep {sweep.name}: every trial this run started failed ({len(states)}); each one's line "
+                        "above says why")  # fmt: skip
     return study
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -52,6 +54,17 @@ def fit(args: list[str]) -> Any:
             return build_cli(["fit", *args])
     finally:
         active = False
+
+
+def resolved_config(fit_args: list[str]) -> str:
+    """The config ``kiln fit <fit_args>`` resolves to (what ``--print_config`` prints), before anything runs:
+    a rerun reuses a run only if this text is the same (the files behind ``-c`` may have changed)."""
+    from kiln.cli import argv_hidden, build_cli
+
+    printed = io.StringIO()
+    with argv_hidden(), contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
+        build_cli(["fit", *fit_args, "--print_config"])
+    return printed.getvalue()
 
 
 def short_key(key: str) -> str:

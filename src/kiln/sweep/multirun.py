@@ -12,9 +12,7 @@ grid cell, each test metric once per set of weights the runs tested (``@best``, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
-import io
 import itertools
 import math
 import sys
@@ -29,7 +27,15 @@ from rich.table import Table
 from kiln import runs
 from kiln.callbacks.resume import Preempted
 from kiln.errors import KilnError, UsageError
-from kiln.sweep.inprocess import Interrupted, NeedsOwnProcess, fit, fit_process, parse_command, short_key
+from kiln.sweep.inprocess import (
+    Interrupted,
+    NeedsOwnProcess,
+    fit,
+    fit_process,
+    parse_command,
+    resolved_config,
+    short_key,
+)
 from kiln.sweep.space import flags
 from kiln.testing import read_metrics
 
@@ -106,17 +112,6 @@ def legend(run_dirs: list[Path]) -> str:
         f"@best: the checkpoint (and its epoch's validation) with the best {monitor}; "
         "@last: the final weights. Mean, sample std, 95% CI (Student's t) over n runs."
     )
-
-
-def resolved_config(fit_args: list[str]) -> str:
-    """The config ``kiln fit <fit_args>`` resolves to (what ``--print_config`` prints), before anything runs:
-    a rerun reuses a run only if this text is the same (the files behind ``-c`` may have changed)."""
-    from kiln.cli import argv_hidden, build_cli
-
-    printed = io.StringIO()
-    with argv_hidden(), contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
-        build_cli(["fit", *fit_args, "--print_config"])
-    return printed.getvalue()
 
 
 def changed_keys(old: str, new: str, most: int = 3) -> str:

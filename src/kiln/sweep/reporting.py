@@ -7,8 +7,15 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from kiln.config_errors import nearest
+from kiln.errors import UsageError
+
 TRIAL_ENV = "KILN_SWEEP_TRIAL"  # set by `kiln sweep --subprocess` for the trial's own `kiln fit` process
 current: Any = None  # the optuna Trial the running `kiln fit` belongs to (set by the sweep driver)
+
+
+class MetricNotLogged(UsageError):
+    """The sweep's metric is not among what the run logs in validation: every trial would fail the same way."""
 
 
 class TrialReporter(Callback):
@@ -32,10 +39,18 @@ class TrialReporter(Callback):
             current = reopen_trial(os.environ[TRIAL_ENV])
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.active or trainer.sanity_checking:
+        if not self.active:
+            return
+        value = trainer.callback_metrics.get(self.metric)
+        if value is None and (not trainer.sanity_checking or self.metric.startswith("val/")):  # at once, untrained
+            logged = sorted(k for k in trainer.callback_metrics if k.startswith(("val/", "train/")))
+            raise MetricNotLogged(
+                f"the sweep's metric {self.metric!r} is not logged in validation ({', '.join(logged)} are)"
+                f"{nearest(self.metric, logged)}: fix metric in the sweep file"
+            )
+        if trainer.sanity_checking:
             return
         prune = False
-        value = trainer.callback_metrics.get(self.metric)
         if trainer.is_global_zero and value is not None:
             current.report(float(value), step=trainer.current_epoch)
             prune = current.should_prune()
