@@ -153,3 +153,16 @@ class GRUNet(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.gru(x.transpose(1, 2))
         return self.head(out[:, -1])
+
+
+class RecordRestoredBest(Callback):
+    """Writes, as training starts (after a resume restored the callbacks), the best checkpoint it knows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        best = trainer.checkpoint_callback
+        score = getattr(best, "best_model_score", None)
+        recorded = {"path": getattr(best, "best_model_path", ""), "score": float(score) if score is not None else None}
+        Path(self.path).write_text(json.dumps(recorded))

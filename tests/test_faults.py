@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
 from kiln.checkpointing import load_checkpoint_file
@@ -169,6 +170,26 @@ def test_a_resume_that_changes_the_model_is_refused_in_one_line(capsys: pytest.C
     assert line.startswith("error: model.init_args.net.init_args.width: the checkpoint ")
     assert "was trained with 32, this command gives 16" in line
     assert load_checkpoint_file(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
+def test_a_resume_onto_other_data_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])  # digits
+    write_image_folder(tmp_path / "images", classes=10, per_class=8)  # 10 classes of 8x8 grey images: same shape
+    folder = ["--data", "kiln.data.FolderDataModule", "--data.root", str(tmp_path / "images"), "--data.image_size",
+              "8", "--data.channels", "1", "--data.num_workers", "0"]  # fmt: skip
+    config = Path(first.trainer.default_root_dir) / "config.yaml"
+    before = config.read_text()
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", *folder]) == 1
+    (line,) = error_lines(capsys)
+    assert "data: the checkpoint" in line and "trained on kiln.data.DigitsDataModule, this command gives " in line
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.split_seed", "7"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("error: data.init_args.split_seed: the checkpoint ")
+    assert "with 0, this command gives 7" in line
+    assert config.read_text() == before  # the run is as it was
+    resumed = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.batch_size", "32"])
+    assert resumed.trainer.current_epoch == 2  # another batch size is the same data: resumed
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -317,3 +318,20 @@ def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.Capt
     assert str(tested.config.test.ckpt_path).startswith(str(full.run_dir))  # the full run's best, not the debug one's
     again = build_cli(["fit", *LIMIT, "--trainer.max_epochs", "3", "--ckpt_path", "last", *quiet])  # debug: its own
     assert again.run_dir == debug.run_dir and again.trainer.current_epoch == 3
+
+
+def test_a_moved_run_folder_resumes_with_the_same_best_checkpoint_as_in_place(tmp_path: Path) -> None:
+    quiet = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+    build_cli(["fit", *quiet, "--run.root", str(tmp_path / "here")])
+    shutil.copytree(tmp_path / "here", tmp_path / "moved")  # `mv`, with the original kept to compare
+    restored = {}
+    for root in ("here", "moved"):
+        probe = ["--trainer.callbacks+=probes.RecordRestoredBest", f"--trainer.callbacks.path={tmp_path / root}.json"]
+        build_cli(["fit", *quiet, *probe, "--ckpt_path", "last", "--trainer.max_epochs", "3", "--run.root",
+                   str(tmp_path / root)])  # fmt: skip
+        restored[root] = json.loads((tmp_path / f"{root}.json").read_text())
+    here, moved = restored["here"], restored["moved"]
+    assert Path(moved["path"]).name == Path(here["path"]).name != "" and moved["path"].startswith(
+        str(tmp_path / "moved")
+    )
+    assert moved["score"] == here["score"]  # Lightning forgot the best when the folder changed

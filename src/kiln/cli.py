@@ -33,7 +33,7 @@ from kiln.devices import fall_back_from_bf16, missing_gpu
 from kiln.errors import ConfigError, KilnError, UsageError
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
-from kiln.resume_check import keep_given_secrets, refuse_changed_settings
+from kiln.resume_check import keep_given_secrets, refuse_changed_data, refuse_changed_settings
 from kiln.run_paths import RunPaths, class_nodes, is_a
 from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, partial_data, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
@@ -239,7 +239,9 @@ class KilnCLI(LightningCLI):
         saved = checkpoint.get("hyper_parameters", {})
         if subcommand == "fit":
             refuse_changed_settings(saved, self.config.fit.model, self.config.fit.ckpt_path)
-            return  # the model is built from the command line, which matches the checkpoint
+            refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
+                                self.config.fit.ckpt_path)  # fmt: skip
+            return  # the model and data are built from the command line, which matches the checkpoint
         if self._trained is not None:
             return  # parsed with the checkpoint's model and data under the command's own settings
         given = self.config[subcommand].clone()

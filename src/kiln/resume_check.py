@@ -1,4 +1,4 @@
-"""Resuming with changed model settings: refused in one line, never silently ignored."""
+"""Resuming with changed model or data settings: refused in one line, never silently ignored."""
 
 from __future__ import annotations
 
@@ -71,6 +71,40 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
         "a resume keeps the checkpoint's model and optimizer, so drop the change (or its -c file), "
         "or start a new run without --ckpt_path"
     )
+
+
+# data settings that change how batches are made, not which samples: a resume may change them (README:
+# another batch size neither replays nor skips data)
+DATA_RUNTIME = {"batch_size", "eval_batch_size", "num_workers", "on_device", "cache", "scan", "download",
+                "predict_dir", "imbalance"}  # fmt: skip
+
+
+def refuse_changed_data(hparams: dict[str, Any] | None, data: Namespace, ckpt_path: str) -> None:
+    """Stop before training when the command's data is not the checkpoint's: a resume onto other data
+    would go on training the weights on it and report a mix of both as one run."""
+    if not hparams or not hparams.get("_class_path") or not isinstance(data, Namespace):
+        return  # not saved by the CLI: nothing to compare
+    saved_class, given_class = str(hparams["_class_path"]), str(data.get("class_path"))
+    if import_class(saved_class) is not import_class(given_class):
+        raise ConfigError(
+            f"data: the checkpoint {ckpt_path} was trained on {saved_class}, this command gives {given_class}; a "
+            "resume goes on with the same data, so drop the data change (or its -c file), or start a new run "
+            "without --ckpt_path (--init_from <checkpoint> fine-tunes its weights on other data)"
+        )
+    init = {k: v for k, v in hparams.items() if not k.startswith("_")}
+    saved, given = flat(init, "data.init_args."), flat(data.get("init_args") or {}, "data.init_args.")
+    changed = [
+        (key, saved[key], value)
+        for key, value in given.items()
+        if key in saved and saved[key] != value and key.rsplit(".", 1)[-1] not in DATA_RUNTIME
+        and not (value is None and key.endswith(".classes"))  # recorded by the run; None: found again
+    ]  # fmt: skip
+    if changed:
+        key, before, after = changed[0]
+        raise ConfigError(
+            f"{key}: the checkpoint {ckpt_path} was trained with {before!r}, this command gives {after!r}; a "
+            "resume goes on with the same data, so drop the change, or start a new run without --ckpt_path"
+        )
 
 
 def keep_given_secrets(hparams: dict[str, Any], given: Namespace, merged: Namespace) -> None:

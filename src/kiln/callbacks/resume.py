@@ -48,6 +48,18 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
 
 
+def relocated(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """A ``ModelCheckpoint`` state with every path under ``old`` moved under ``new``."""
+
+    def move(path: Any) -> Any:
+        return new + path[len(old) :] if isinstance(path, str) and path.startswith(old) else path
+
+    moved = {key: move(value) for key, value in state.items()}
+    if isinstance(state.get("best_k_models"), dict):
+        moved["best_k_models"] = {move(path): score for path, score in state["best_k_models"].items()}
+    return moved
+
+
 class ExactResume(Callback):
     """Saves RNG states and the position in the epoch's data order; restores both on resume.
 
@@ -77,6 +89,15 @@ class ExactResume(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A run folder moved or copied: its checkpoint callbacks' state names files under the old folder, and
+        Lightning forgets the best checkpoint when the folder changed; point them at the files here instead."""
+        for callback in trainer.checkpoint_callbacks:
+            state = checkpoint.get("callbacks", {}).get(callback.state_key)
+            here = getattr(callback, "dirpath", None)
+            if isinstance(state, dict) and here and state.get("dirpath") not in (None, here):
+                checkpoint["callbacks"][callback.state_key] = relocated(state, str(state["dirpath"]), str(here))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Lightning loads callback states before it builds (and, with workers, starts) the training
