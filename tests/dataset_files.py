@@ -77,3 +77,26 @@ def truncate(path: Path) -> None:
     """Cut a file in half, as an interrupted copy leaves it."""
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+
+
+def write_png16(path: Path, values: np.ndarray) -> Path:
+    """A 16-bit grey PNG (Pillow mode I;16) of ``values`` (0-65535)."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(values.astype(np.uint16)).save(path)
+    return path
+
+
+def write_bomb_png(path: Path, side: int = 100_000) -> Path:
+    """A PNG whose header claims ``side`` x ``side`` pixels (a decompression bomb), with almost no data."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16))
+                     + chunk(b"IEND", b""))  # fmt: skip
+    return path

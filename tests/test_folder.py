@@ -8,14 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from dataset_files import truncate, write_image_folder
+from dataset_files import truncate, write_bomb_png, write_image_folder, write_png16
 from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
 from kiln.data.base import InMemoryDataset
-from kiln.data.folder import FolderDataModule, ImageFiles
+from kiln.data.folder import FolderDataModule, ImageFiles, decode
 from kiln.errors import DataError
 
 NAMES = ["one", "two", "zero"]  # sorted folder names: the class order
@@ -167,3 +168,19 @@ def test_the_cli_built_module_normalises_with_imagenet_statistics_unless_given(p
     assert build_cli(rgb, run=False).datamodule.mean == (0.485, 0.456, 0.406)  # the CLI passes mean=None
     given = build_cli([*rgb, "--data.mean", "[0.5, 0.5, 0.5]", "--data.std", "[0.2, 0.2, 0.2]"], run=False)
     assert given.datamodule.mean == (0.5, 0.5, 0.5) and given.datamodule.std == (0.2, 0.2, 0.2)
+
+
+def test_a_16_bit_png_keeps_its_range_and_a_decompression_bomb_is_a_bad_file(
+    pngs: Path, capsys: pytest.CaptureFixture
+) -> None:
+    ramp = np.arange(64).reshape(8, 8) * 1000  # 0 … 63000 of 65535
+    write_png16(pngs / "one" / "deep.png", ramp)
+    pixels = decode(pngs / "one" / "deep.png", 1, (8, 8))[0].numpy()
+    assert np.array_equal(pixels, np.round(ramp * 255 / 65535))  # was 0 and 255 only: Pillow clips I;16 at 255
+    write_bomb_png(pngs / "two" / "bomb.png")  # its header claims 10^10 pixels
+    with pytest.raises(DataError, match=r"bomb.png: refused, Image size \(10000000000 pixels\) exceeds limit"):
+        FolderDataModule(root=pngs, image_size=8, channels=1, num_workers=0).setup("fit")
+    data = FolderDataModule(root=pngs, image_size=8, channels=1, num_workers=0, on_bad_file="skip")
+    data.setup("fit")
+    assert "skipped 1 unreadable file(s)" in capsys.readouterr().err
+    assert sum(len(s) for s in (data.train_set, data.val_set, data.test_set) if s is not None) == 61  # + 16-bit

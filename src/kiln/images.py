@@ -17,9 +17,21 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
 
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit grey image (``I;16``, or ``I`` within 0-65535) scaled to 8 bits over its whole range: Pillow's own
+    conversion clips every value above 255, which saturates a 16-bit image to black and white."""
+    if not image.mode.startswith("I"):
+        return image
+    values = np.asarray(image)
+    if values.size and (values.min() < 0 or values.max() > 65535):
+        raise ValueError(f"{image.mode} pixels from {values.min()} to {values.max()}: not 8- or 16-bit")
+    return Image.fromarray(np.round(values.astype(np.float64) * (255 / 65535)).astype(np.uint8), "L")
+
+
 def pixel_array(image: Image.Image, channels: int, size: tuple[int, int]) -> np.ndarray:
-    """A Pillow image as uint8 ``(channels, *size)``: converted, and resized (antialiased when shrinking)."""
-    image = image.convert("RGB" if channels == 3 else "L")
+    """A Pillow image as uint8 ``(channels, *size)``: converted (16-bit grey scaled to 8 bits), and resized
+    (antialiased when shrinking)."""
+    image = _eight_bit(image).convert("RGB" if channels == 3 else "L")
     if image.size != (size[1], size[0]):
         image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
     array = np.asarray(image)
@@ -35,6 +47,8 @@ def decode_array(path: Path, channels: int, size: tuple[int, int]) -> np.ndarray
         with Image.open(path) as image:
             image.load()  # the whole file: a truncated one fails here
             return pixel_array(image, channels, size)
+    except Image.DecompressionBombError as err:  # a header claiming billions of pixels: never decoded
+        raise DataError(f"{path}: refused, {str(err).splitlines()[0]}") from None
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"{path}: unreadable or truncated image ({reason})") from None
