@@ -347,3 +347,11 @@ def test_a_gpu_preset_without_a_gpu_stops_in_one_line_naming_the_file(capsys: py
     assert "Traceback" not in err and not Path("runs").exists()  # was a 40-line MisconfigurationException
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
     assert f"{CONFIGS / 'trainer' / 'gpu.yaml'}: trainer.accelerator asks for gpu, but torch sees no CUDA GPU" in line
+
+
+@pytest.mark.parametrize("setting", ["max_epochs", "max_steps", "limit_train_batches"])
+def test_a_fit_that_would_train_nothing_exits_non_zero_in_one_line(setting: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", f"--trainer.{setting}", "0"])  # was: an untrained network tested, with a normal summary
+    assert stop.value.code == 2 and not Path("runs").exists()
+    assert f"error: trainer.{setting} 0: fit would train nothing" in capsys.readouterr().err

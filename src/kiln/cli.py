@@ -35,7 +35,7 @@ from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_data, refuse_changed_settings
 from kiln.run_paths import RunPaths, class_nodes, is_a
-from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, partial_data, resolve_run_dir
+from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, nothing_to_train, partial_data, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.sweep import inprocess
@@ -276,6 +276,9 @@ class KilnCLI(LightningCLI):
         self.links.note(config, settings)
         if why := missing_gpu(config.trainer, settings):  # before a run folder exists
             raise ConfigError(why)
+        if self.subcommand == "fit" and (setting := nothing_to_train(config.trainer)):
+            raise UsageError(f"{setting}: fit would train nothing and test an untrained network; give a positive "
+                             "value (`kiln test --ckpt_path <file>` tests a trained one)")  # fmt: skip
         prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)

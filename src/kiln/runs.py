@@ -146,6 +146,14 @@ def partial_data(trainer: Any) -> str | None:
     return None
 
 
+def nothing_to_train(trainer: Any) -> str | None:
+    """The Trainer setting with which ``fit`` would train nothing (and test an untrained network), if any."""
+    for key in ("max_epochs", "max_steps", "limit_train_batches"):
+        if trainer.get(key, None) in (0, 0.0):
+            return f"trainer.{key} {trainer.get(key)}"
+    return None
+
+
 def run_partial_data(run_dir: Path) -> str | None:
     """:func:`partial_data` of the run in ``run_dir``, from its ``config.yaml`` (``None`` without one)."""
     import yaml
