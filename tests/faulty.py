@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -125,3 +127,18 @@ class MissingChannel(DigitsDataModule):
     def make_dataset(self, inputs: Tensor, labels: Tensor, train: bool) -> InMemoryDataset:
         transform = self.train_transform() if train else None
         return InMemoryDataset(inputs.squeeze(1), labels, self.mean, self.std, transform, seed=self.seed)
+
+
+class CrashAtStep(SmallCNN):
+    """A network with a bug: its forward pass raises at training step ``step`` (a crash, not a user error)."""
+
+    def __init__(self, step: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step, self.calls = step, 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls > self.step:
+                raise TypeError("unsupported operand type(s) for +: 'Tensor' and 'NoneType'")
+        return super().forward(x)

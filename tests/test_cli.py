@@ -14,7 +14,8 @@ import pytest
 import torch
 from helpers import CONFIGS, LIMIT
 
-from kiln.cli import build_cli, main
+from kiln.boundary import main
+from kiln.cli import build_cli
 from kiln.errors import UsageError
 
 
@@ -164,7 +165,7 @@ def test_help_imports_nothing_the_command_does_not_need() -> None:
     # a fresh interpreter: this test process has long imported W&B. What Lightning's own imports bring is
     # Lightning's (torchmetrics imports transformers when it is installed, which may import scikit-learn)
     probe = "import sys\nfrom lightning.pytorch.cli import LightningCLI\nbase = set(sys.modules)\n"
-    probe += "from kiln.cli import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"
+    probe += "from kiln.boundary import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"
     probe += "added = set(sys.modules) - base\n"
     probe += (
         "print('imported:', *sorted(m for m in ('wandb', 'sklearn', 'tensorboard', 'timm', 'optuna') if m in added))"

@@ -16,8 +16,9 @@ import torch
 from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
+from kiln.boundary import main
 from kiln.checkpointing import load_checkpoint_file
-from kiln.cli import build_cli, main
+from kiln.cli import build_cli
 from kiln.models import WarmupCosineLR
 from kiln.runs import resolve_run_dir
 

@@ -11,7 +11,8 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT
 
-from kiln.cli import build_cli, main
+from kiln.boundary import main
+from kiln.cli import build_cli
 from kiln.errors import UsageError
 from kiln.from_checkpoint import saved_config
 

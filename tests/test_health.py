@@ -15,9 +15,10 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 from PIL import Image
 from torch.optim import Optimizer
 
+from kiln.boundary import main
 from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, OverfitReport
 from kiln.callbacks.batch_checks import check_batch
-from kiln.cli import KilnCLI, build_cli, main
+from kiln.cli import KilnCLI, build_cli
 from kiln.data import DigitsDataModule
 from kiln.errors import HealthCheckError, KilnError
 from kiln.models import Classifier

@@ -70,7 +70,7 @@ def test_warmup_cosine_schedule() -> None:
 
 
 def test_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
-    from kiln.cli import main
+    from kiln.boundary import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["fit", "--model.init_args.scheduler_interval", "epoch", "--trainer.logger", "false"])

@@ -20,7 +20,8 @@ import torch
 import yaml
 from helpers import LIMIT
 
-from kiln.cli import build_cli, main
+from kiln.boundary import main
+from kiln.cli import build_cli
 from kiln.loggers import Wandb
 from kiln.secrets import REDACTED, redact
 from kiln.wandb_mode import ensure_wandb_mode

@@ -13,7 +13,8 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT
 
-from kiln.cli import build_cli, main
+from kiln.boundary import main
+from kiln.cli import build_cli
 from kiln.errors import ConfigError, UsageError
 from kiln.sweep.driver import sweep_command
 from kiln.sweep.space import read_sweep

@@ -1,25 +1,8 @@
-"""The ``kiln`` command (and ``python -m kiln``): ``infer`` is sent on before anything imports torch."""
+"""The ``kiln`` command (and ``python -m kiln``): every subcommand through kiln.boundary, which imports no torch."""
 
 from __future__ import annotations
 
-import sys
-
-
-def main() -> None:
-    if sys.argv[1:2] == ["infer"]:
-        from kiln.errors import KilnError
-        from kiln.infer import infer_command
-
-        try:
-            infer_command(sys.argv[2:])
-        except KilnError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(err.exit_code)
-        return
-    from kiln.cli import main as run
-
-    run()
-
+from kiln.boundary import main
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,16 +20,15 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import process_group, runs, stop_signals
+from kiln import process_group, runs
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
-from kiln.callbacks.resume import Preempted
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.class_switch import carried_over
 from kiln.config_errors import describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
 from kiln.devices import fall_back_from_bf16, missing_gpu
-from kiln.errors import ConfigError, KilnError, UsageError
+from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_data, refuse_changed_settings
@@ -38,7 +36,6 @@ from kiln.run_paths import RunPaths, class_nodes, is_a
 from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, nothing_to_train, partial_data, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
-from kiln.sweep import inprocess
 from kiln.testing import TestChoice, read_metrics, test_after_fit
 from kiln.wandb_mode import finish_wandb
 
@@ -81,10 +78,6 @@ class RunOptions:
     test_ckpt: TestChoice = "both"
     cpu_threads: PositiveInt | None = None
     without: list[str] = field(default_factory=list)
-
-
-class AlreadyFinished(Exception):
-    """``fit --ckpt_path last`` on a run that trained and tested to its end: nothing to do."""
 
 
 class WandbConfigSaver(SaveConfigCallback):
@@ -332,7 +325,7 @@ class KilnCLI(LightningCLI):
             refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
 
     def before_fit(self) -> None:
-        inprocess.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
+        process_group.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
@@ -413,52 +406,3 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
         args=args,
         run=run,
     )
-
-
-def main(args: ArgsType = None) -> None:
-    """Console entry point: user errors become one line on stderr and exit code 1."""
-    stop_signals.install()
-    argv = sys.argv[1:] if args is None else [str(a) for a in args] if isinstance(args, list) else []
-    try:
-        if argv[:1] == ["sweep"]:  # many `fit` runs, driven by Optuna (kiln.sweep)
-            from kiln.sweep.driver import sweep_command
-
-            sweep_command(argv[1:])
-            return
-        if argv[:1] == ["multirun"]:  # seeds, folds and grids of `fit`, aggregated
-            from kiln.sweep.multirun import multirun_command
-
-            multirun_command(argv[1:])
-            return
-        if argv[:1] == ["convert"]:  # any datamodule's splits to LitData chunks
-            from kiln.convert import main as convert
-
-            convert(argv[1:])
-            return
-        if argv[:1] == ["export"]:  # ONNX and torch.export files, checked against the eager model
-            from kiln.export import export_command
-
-            export_command(argv[1:])
-            return
-        build_cli(args)
-    except AlreadyFinished as done:
-        print(done, file=sys.stderr)
-    except KilnError as err:
-        print(f"error: {err}", file=sys.stderr)
-        _remove_failed_run()
-        sys.exit(err.exit_code)
-    except SIGTERMException:
-        sys.exit(128 + signal.SIGTERM)  # stopped from outside; PreemptionCheckpoint said where it saved
-    except inprocess.Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
-        sys.exit(stop.code)
-    except Preempted:
-        sys.exit(128 + signal.SIGUSR1)
-    except Exception:
-        _remove_failed_run()
-        raise
-
-
-def _remove_failed_run() -> None:
-    """A run that failed before its first checkpoint leaves no folder for ``--ckpt_path last`` to step around."""
-    if removed := runs.remove_failed_run():
-        print(f"removed {removed}: the run failed before its first checkpoint", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Errors a user can fix: the CLI prints them as one line and exits non-zero, without a traceback."""
+"""Errors a user can fix, and the ways a command stops: the boundary (kiln.boundary) prints each as one line."""
 
 
 class KilnError(Exception):
@@ -31,3 +31,31 @@ class ConfigError(KilnError, ValueError):
 
 class DataError(KilnError):
     """A dataset that cannot be trained or evaluated on as configured (an empty split, say)."""
+
+
+class Stopped(Exception):
+    """A stop signal (SIGTERM, SIGUSR1) ended the command at a safe point; it exits 128 + the signal."""
+
+    def __init__(self, signal_name: str, what: str) -> None:
+        super().__init__(f"{signal_name}: {what}")
+        self.signal_name = signal_name
+
+
+class Preempted(Exception):
+    """A stage stopped on SIGUSR1 (after saving a resumable checkpoint in ``fit``, and requeueing under SLURM)."""
+
+
+class Interrupted(Exception):
+    """A ``kiln fit`` process stopped by a signal: the command stops too, and its rerun resumes the run."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"`kiln fit` exited {code}")
+        self.code = code
+
+
+class AlreadyFinished(Exception):
+    """``fit --ckpt_path last`` on a run that trained and tested to its end: nothing to do."""
+
+
+class NeedsOwnProcess(UsageError):
+    """A run with several processes (DDP) started inside another command: it would relaunch that command."""

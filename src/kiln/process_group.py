@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
+from kiln.errors import NeedsOwnProcess
 from kiln.runs import RUN_DIR_ENV
 
 # what Lightning's DDP set-up exports (and kiln's run folder for DDP's child processes)
@@ -39,3 +40,16 @@ def released_after() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+inside_command = False  # a `kiln fit` runs inside `kiln sweep` or `kiln multirun` (kiln.sweep.inprocess.fit)
+
+
+def check_one_process(devices: int) -> None:
+    """Refuse, before training, a multi-process run inside another command: DDP starts its other ranks by
+    running the command line again, which would be the sweep, not the trial."""
+    if inside_command and devices > 1:
+        raise NeedsOwnProcess(
+            f"this run trains on {devices} processes (DDP), which cannot start inside `kiln sweep`/`kiln multirun`: "
+            "add --subprocess to run each `kiln fit` as its own process"
+        )

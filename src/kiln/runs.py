@@ -112,6 +112,12 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
     return run_dir
 
 
+def current_run_dir() -> Path | None:
+    """The run folder of the command in this process, if it got one."""
+    exported = os.environ.get(RUN_DIR_ENV)
+    return created or (Path(exported) if exported else None)
+
+
 def remove_failed_run() -> Path | None:
     """Remove the run folder this process created when the run failed before writing any checkpoint.
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import stop_signals
 from kiln.callbacks.last import LastCheckpoint, save_last
+from kiln.errors import Preempted
 
 
 def capture_rng() -> dict[str, Any]:
@@ -118,10 +119,6 @@ class ExactResume(Callback):
 
 
 VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (README: private APIs)
-
-
-class Preempted(Exception):
-    """A stage stopped on SIGUSR1 (after saving a resumable checkpoint in ``fit``, and requeueing under SLURM)."""
 
 
 def _stage(trainer: Trainer) -> str:

@@ -21,11 +21,9 @@ from typing import Any
 import yaml
 
 from kiln import runs
-from kiln.errors import KilnError, UsageError
+from kiln.errors import AlreadyFinished, Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.sweep import reporting
 from kiln.sweep.inprocess import (
-    Interrupted,
-    NeedsOwnProcess,
     describe,
     fit,
     fit_process,
@@ -141,9 +139,6 @@ def run_trial(
     """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
     from optuna.trial import TrialState
-
-    from kiln.callbacks.resume import Preempted
-    from kiln.cli import AlreadyFinished
 
     trial.set_user_attr("owner", OWNER)
     values = {param.key: param.suggest(trial) for param in sweep.space}

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from typing import Any
 
-from kiln.errors import KilnError, UsageError
+from kiln import process_group
+from kiln.errors import Interrupted, KilnError, UsageError
 
 
 def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -26,34 +27,16 @@ def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[arg
         raise
 
 
-active = False  # a `kiln fit` is running inside `kiln sweep` or `kiln multirun`
-
-
-class NeedsOwnProcess(UsageError):
-    """A run with several processes (DDP) started inside another command: it would relaunch that command."""
-
-
-def check_one_process(devices: int) -> None:
-    """Refuse, before training, a multi-process run inside this process: DDP starts its other ranks by
-    running the command line again, which here is the sweep, not the trial."""
-    if active and devices > 1:
-        raise NeedsOwnProcess(
-            f"this run trains on {devices} processes (DDP), which cannot start inside `kiln sweep`/`kiln multirun`: "
-            "add --subprocess to run each `kiln fit` as its own process"
-        )
-
-
 def fit(args: list[str]) -> Any:
     """``kiln fit <args>`` here (``build_cli``), with the command's own ``sys.argv`` hidden for the call."""
-    global active
     from kiln.cli import argv_hidden, build_cli
 
-    active = True
+    process_group.inside_command = True
     try:
         with argv_hidden():
             return build_cli(["fit", *args])
     finally:
-        active = False
+        process_group.inside_command = False
 
 
 def resolved_config(fit_args: list[str]) -> str:
@@ -80,14 +63,6 @@ def describe(values: dict[str, Any]) -> str:
 
 
 STOP = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class Interrupted(Exception):
-    """A ``kiln fit`` process stopped by a signal: the command stops too, and its rerun resumes the run."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(f"`kiln fit` exited {code}")
-        self.code = code
 
 
 def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:

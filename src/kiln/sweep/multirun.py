@@ -25,11 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kiln import runs
-from kiln.callbacks.resume import Preempted
-from kiln.errors import KilnError, UsageError
+from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.sweep.inprocess import (
-    Interrupted,
-    NeedsOwnProcess,
     fit,
     fit_process,
     parse_command,

@@ -1,0 +1,36 @@
+"""One boundary for every kiln command: a crash is one line naming where its traceback went."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import LIMIT
+
+KILN = [sys.executable, "-m", "kiln"]
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    return subprocess.run([*KILN, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_a_crash_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
+    crash = ["--model.init_args.net", "faulty.CrashAtStep", "--model.init_args.net.init_args.step", "7"]
+    done = run(["fit", *LIMIT, *crash, "--trainer.enable_progress_bar", "false"], tmp_path)
+    assert done.returncode == 1
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        line.startswith("error: internal error (TypeError: unsupported operand type(s)")
+        and "Traceback" not in done.stderr
+    )
+    saved = Path(line.split("the traceback is in ")[1].split(";")[0])
+    assert saved.parent.parent.name == "digits"  # in the run folder, which holds the checkpoints of epoch 0 ...
+    assert "Traceback (most recent call last)" in saved.read_text() and "faulty.py" in saved.read_text()
+    (tmp_path / "early").mkdir()
+    early = run(["fit", *LIMIT, *crash[:2], "--model.init_args.net.init_args.step", "0"], tmp_path / "early")
+    (line,) = [line for line in early.stderr.splitlines() if line.startswith("error:")]
+    saved = Path(line.split("the traceback is in ")[1].split(";")[0])  # ... or, with no run folder left, a temp file
+    assert saved.is_file() and not (tmp_path / "early" / "runs" / "digits").exists()
