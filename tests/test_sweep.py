@@ -324,3 +324,15 @@ def test_an_empty_study_file_is_refused_naming_it(tmp_path: Path, capsys: pytest
         main(["sweep", "-c", str(sweep_file(tmp_path)), "--root", str(tmp_path / "runs" / "sweeps")])
     assert stop.value.code == 2 and f"{database} is empty (0 bytes)" in capsys.readouterr().err
     assert database.stat().st_size == 0
+
+
+@pytest.mark.slow
+def test_drivers_started_together_on_a_new_study_share_it(tmp_path: Path) -> None:
+    path = sweep_file(tmp_path, n_trials=3)  # a new SQLite study that three drivers create at the same moment
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    drivers = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for _ in range(3)]
+    errors = [driver.communicate(timeout=300)[1] for driver in drivers]
+    assert [driver.returncode for driver in drivers] == [0, 0, 0], [e[-800:] for e in errors]  # was IntegrityError
+    trials = [t for t in study(tmp_path).get_trials() if not t.user_attrs.get("surplus")]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3 and len({t.params[LR] for t in trials}) == 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,10 +24,11 @@ from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
 from kiln.class_switch import carried_over
-from kiln.config_errors import describe, import_class, nearest, sources
+from kiln.config_errors import check_config_files, describe, import_class, nearest, sources
 from kiln.console import quiet_lightning
 from kiln.devices import fall_back_from_bf16, missing_gpu
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
+from kiln.files import written_whole
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
 from kiln.resume_check import keep_given_secrets, refuse_changed_data, refuse_changed_settings
@@ -100,9 +100,8 @@ class WandbConfigSaver(SaveConfigCallback):
         dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
         if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
             dumped = self.run_paths.portable(dumped)
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_text(yaml.safe_dump(dumped, sort_keys=False))
-        os.replace(temporary, path)
+        with written_whole(path) as partial:
+            partial.write_text(yaml.safe_dump(dumped, sort_keys=False))
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
@@ -139,6 +138,7 @@ class KilnCLI(LightningCLI):
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
         given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
         self._given = self._parsed = [str(a) for a in given]
+        check_config_files(self._given)
         if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
             self._checkpoint = load_checkpoint_file(named[1], mmap=True)  # parsed once, with its model and data
             if self._rebuild_from_checkpoint(parser, *named, self._checkpoint):  # first, so flags of its data fit

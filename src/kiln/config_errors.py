@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from kiln.errors import UsageError
 from kiln.secrets import REDACTED, is_secret_name, redact_text, secret_values
 
 KEY = re.compile(r'Parser key "([^"]+)"')
@@ -67,6 +68,7 @@ def _walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
             yield from _walk(child, f"{path}[{i}]")
 
 
+NESTED_ARG = re.compile(r"NestedArg\(key='([^']+)', val=(.*)\)")
 INLINE = "the checkpoint's config"  # validate/test/predict --ckpt_path: its model and data, given as the first -c
 
 
@@ -110,6 +112,33 @@ def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
             if inline is not None:
                 source.name, source.entries = INLINE, list(_walk(inline))
     return [*found, flags]
+
+
+def check_config_files(args: list[str]) -> None:
+    """Each ``-c`` file is UTF-8 YAML holding a mapping of settings: else one line naming the file (jsonargparse
+    says "Unexpected config" without the file, or fails deep in its reader on other bytes)."""
+    tokens = iter(args)
+    for token in tokens:
+        key, has_value, value = token.partition("=")
+        if key not in ("-c", "--config"):
+            continue
+        path = Path(value if has_value else next(tokens, ""))
+        if not path.is_file():
+            continue  # a missing file is named by jsonargparse's own error; inline YAML is parsed by it
+        try:
+            loaded = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise UsageError(
+                f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at position {err.start}): save it as UTF-8"
+            ) from None
+        except yaml.YAMLError:
+            continue  # named with its line and column by describe()
+        if loaded is None:
+            raise UsageError(f"{path}: no settings in it (empty, or only comments): add some, or leave out -c {path}")
+        if not isinstance(loaded, dict):
+            raise UsageError(
+                f"{path}: holds a {type(loaded).__name__}, where a mapping of settings is needed (trainer: …, model: …)"
+            )
 
 
 def skeleton(path: str) -> tuple[str, ...]:
@@ -231,8 +260,11 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
         return f"{where}: no such setting{nearest(key, known_keys())}"
     (value,) = mistake.found
+    shown = repr(value)
+    if nested := NESTED_ARG.fullmatch(str(value)):  # a flag of a nested class: jsonargparse shows its internal repr
+        path, shown = f"{path}.init_args.{nested.group(1)}", "null" if nested.group(2) == "None" else nested.group(2)
     where = where_written(settings, lambda p, v: skeleton(p) == skeleton(path), path)
-    shown = REDACTED if is_secret_name(path) else repr(value)
+    shown = REDACTED if is_secret_name(path) else shown
     if not mistake.expected:
         return f"{where}: {shown} is not accepted"
     return f"{where}: {shown} given, expected {' or '.join(dict.fromkeys(mistake.expected))}"

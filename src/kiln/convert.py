@@ -12,6 +12,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from lightning.pytorch import LightningDataModule
 
+from kiln.config_errors import check_config_files
 from kiln.data.streaming import META, SPLITS, convert
 from kiln.errors import KilnError
 
@@ -27,6 +28,7 @@ def main(args: list[str] | None = None) -> None:
     for ignored in ("run", "model", "trainer", "seed_everything", "non_finite"):  # training settings in -c files
         parser.add_argument(f"--{ignored}", type=Any, default=None)
     try:
+        check_config_files(args or [])
         config = parser.parse_args(args)
         data = parser.instantiate(config).data
         written = convert(data, config.output, config.chunk_bytes, config.num_workers)

@@ -8,7 +8,6 @@ size. Above the tolerance nothing is kept. Everything is written to a temporary 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kiln.arguments import OneLineParser
 from kiln.checkpointing import load_checkpoint_file
 from kiln.config_errors import import_class
 from kiln.errors import KilnError, UsageError
@@ -160,6 +160,13 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
     inputs = test_inputs(data, samples)
     example = inputs[: max(2, min(7, len(inputs)))]
     output.parent.mkdir(parents=True, exist_ok=True)
+    weights = sum(t.numel() * t.element_size() for t in served.state_dict().values())
+    needed, free = len(formats) * weights + 16 * 2**20, shutil.disk_usage(output.parent).free  # + graphs, reports
+    if needed > free:  # the ONNX writer aborts the process on a full disk (C++), past any except
+        raise UsageError(
+            f"kiln export: {output.parent} has {free / 2**20:.0f} MiB free, the export needs about "
+            f"{needed / 2**20:.0f} MiB: free some, or give another --output"
+        )
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance}
     caught: list[warnings.WarningMessage] = []
@@ -190,7 +197,7 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
 
 def export_command(args: list[str]) -> None:
     """``kiln export --ckpt_path FILE [--format onnx,pt2] [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
-    parser = argparse.ArgumentParser(prog="kiln export", description="Export a trained model for serving.")
+    parser = OneLineParser(prog="kiln export", description="Export a trained model for serving.")
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint `kiln fit` wrote")
     parser.add_argument("--format", default="onnx,pt2", help="onnx, pt2 or both (comma-separated)")
     parser.add_argument("--output", type=Path, help="default: export/ in the checkpoint's run folder")
@@ -198,13 +205,17 @@ def export_command(args: list[str]) -> None:
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max |difference| allowed")
     parser.add_argument("--samples", type=int, default=1024, help="test samples the parity check uses")
     options, extra = parse_command(parser, args)
+    if options.samples < 1:
+        raise UsageError(f"kiln export: --samples {options.samples}: the parity check needs 1 or more test samples")
     formats = options.format.split(",")
     if extra or not formats or not set(formats) <= set(FORMATS):
         raise UsageError(f"kiln export: --format {options.format!r}: give {' or '.join(FORMATS)} (comma-separated)")
     try:
         sizes = [int(s) for s in options.batch_sizes.split(",")]
     except ValueError:
-        raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give integers, e.g. 1,64") from None
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
     output = options.output or Path(options.ckpt_path).resolve().parent.parent / "export"
     if output.exists():
         raise UsageError(f"kiln export: {output} exists; remove it or give another --output")

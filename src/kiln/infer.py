@@ -7,7 +7,6 @@ normalised as ``preprocess.json`` beside the model says; ``predictions.csv`` get
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.arguments import OneLineParser
 from kiln.errors import UsageError
 from kiln.images import decode_array, image_files
 
@@ -65,7 +65,11 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
             "(C, H, W): predict with `kiln predict --ckpt_path`, or feed arrays of that shape to onnxruntime"
         )
     paths = files(given)
-    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UsageError(f"kiln infer: {model}: not a readable ONNX model ({reason}): export it again") from None
     probs = np.concatenate(
         [  # decoded a batch at a time: a folder of photos never sits in memory whole
             session.run(None, {spec["input"]: inputs(paths[part], spec)})[0] for part in batches(len(paths), batch_size)
@@ -85,16 +89,13 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
 
 def infer_command(args: list[str]) -> None:
     """``kiln infer --model model.onnx [--output predictions.csv] [--batch_size 64] <images or folders>``."""
-    parser = argparse.ArgumentParser(prog="kiln infer", description="Predict with an exported model, without torch.")
+    parser = OneLineParser(prog="kiln infer", description="Predict with an exported model, without torch.")
     parser.add_argument("--model", type=Path, required=True, help="model.onnx from `kiln export`")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"))
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("inputs", nargs="+", help="image files and folders of them")
-    try:
-        options = parser.parse_args(args)
-    except SystemExit as stop:
-        if stop.code:
-            raise UsageError("kiln infer: see `kiln infer --help`") from None
-        raise
+    options = parser.parse_args(args)
+    if options.batch_size < 1:
+        raise UsageError(f"kiln infer: --batch_size {options.batch_size}: give 1 or more")
     written = infer(options.model, options.inputs, options.output, options.batch_size)
     print(f"predictions: {written.resolve()}", file=sys.stderr)

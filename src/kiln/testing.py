@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +10,7 @@ from typing import Any, Literal
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
 from kiln.checkpointing import load_checkpoint_file
+from kiln.files import written_whole
 from kiln.runs import layout
 from kiln.wandb_mode import finish_wandb
 
@@ -79,9 +79,8 @@ def update_metrics(run_dir: str | Path, **sections: Any) -> None:
     data = {**read_metrics(run_dir), **sections}
     metrics = layout(run_dir).metrics
     metrics.parent.mkdir(parents=True, exist_ok=True)
-    temporary = metrics.with_name(f".{metrics.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temporary, metrics)
+    with written_whole(metrics) as partial:
+        partial.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) -> None:

@@ -20,6 +20,7 @@ from rich.table import Table
 from torch import Tensor
 
 from kiln.data.on_device import stats_view
+from kiln.files import written_whole
 
 LABEL_HEIGHT = 14
 
@@ -144,7 +145,8 @@ class BatchGrid(Callback):
             image = signal_grid(x if x.ndim == 3 else x.unsqueeze(1), labels, cell=self.cell * 3 // 2)
         self.path = Path(trainer.default_root_dir) / "batch_grid.png"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        image.save(self.path)
+        with written_whole(self.path) as partial:
+            image.save(partial)
         log_image(trainer, "batch_grid", image)
 
 
@@ -173,7 +175,8 @@ class ConfusionMatrixReport(Callback):
         weights = Path(trainer.ckpt_path).stem if trainer.ckpt_path else None
         self.path = Path(trainer.default_root_dir) / f"confusion_matrix{f'-{weights}' if weights else ''}.png"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        image.save(self.path)
+        with written_whole(self.path) as partial:  # a full disk left a 0-byte PNG
+            image.save(partial)
         log_image(trainer, "test/confusion_matrix", image)
         self._print_table(self.matrix, names, f" ({weights}.ckpt)" if weights else "")
 

@@ -9,7 +9,6 @@ resume apply.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -21,6 +20,7 @@ from typing import Any
 import yaml
 
 from kiln import runs
+from kiln.arguments import OneLineParser
 from kiln.errors import AlreadyFinished, Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.sweep import reporting
 from kiln.sweep.inprocess import (
@@ -81,10 +81,26 @@ def open_study(sweep: Sweep, storage: Any) -> Any:
         if sweep.pruner == "median"
         else optuna.pruners.NopPruner()
     )
-    return optuna.create_study(
-        study_name=sweep.name, storage=storage, direction=sweep.direction, sampler=sampler, pruner=pruner,
-        load_if_exists=True,
-    )  # fmt: skip
+    from sqlalchemy.exc import DatabaseError, IntegrityError
+
+    for attempt in range(6):
+        try:
+            return optuna.create_study(
+                study_name=sweep.name, storage=storage, direction=sweep.direction, sampler=sampler, pruner=pruner,
+                load_if_exists=True,
+            )  # fmt: skip
+        except (DatabaseError, optuna.exceptions.DuplicatedStudyError) as err:
+            reason = str(getattr(err, "orig", None) or err).splitlines()[0]
+            racing = isinstance(err, IntegrityError | optuna.exceptions.DuplicatedStudyError) or "exists" in reason
+            if racing and attempt < 5:  # another driver created the same new study meanwhile: load it next
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            where = str(storage).removeprefix("sqlite:///")
+            raise UsageError(
+                f"{where}: not a readable study database ({reason}): restore it, or move the sweep folder aside "
+                "to start the sweep anew"
+            ) from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _alive(owner: str) -> bool:
@@ -255,7 +271,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
 
 def sweep_command(args: list[str]) -> None:
     """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report | --wandb] [-- kiln fit arguments]``."""
-    parser = argparse.ArgumentParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
+    parser = OneLineParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
     parser.add_argument("-c", "--config", required=True, help="the sweep file (configs/sweep/<name>.yaml)")
     parser.add_argument(
         "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"

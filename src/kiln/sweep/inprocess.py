@@ -12,19 +12,14 @@ import sys
 from typing import Any
 
 from kiln import process_group
-from kiln.errors import Interrupted, KilnError, UsageError
+from kiln.errors import Interrupted, KilnError
 
 
 def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The command's own options, and the ``kiln fit`` arguments every run gets (what follows ``--``)."""
     fit_args = args[args.index("--") + 1 :] if "--" in args else []  # e.g. -- -c configs/trainer/gpu.yaml
     own = args[: args.index("--")] if "--" in args else args
-    try:
-        return parser.parse_args(own), fit_args
-    except SystemExit as stop:  # argparse printed the usage and its error
-        if stop.code:
-            raise UsageError(f"{parser.prog}: see `{parser.prog} --help`") from None
-        raise
+    return parser.parse_args(own), fit_args  # a OneLineParser: a bad option raises UsageError
 
 
 def fit(args: list[str]) -> Any:

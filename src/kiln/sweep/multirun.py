@@ -11,7 +11,6 @@ grid cell, each test metric once per set of weights the runs tested (``@best``, 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import math
@@ -25,7 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kiln import runs
+from kiln.arguments import OneLineParser
 from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
+from kiln.files import written_whole
 from kiln.sweep.inprocess import (
     fit,
     fit_process,
@@ -150,14 +151,15 @@ def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]
             values = [values[metric] for values in per_run if metric in values]
             rows.append({"cell": cell, "metric": metric, **summary(values)})
     note = legend([d for run_dirs in folders.values() for d in run_dirs])
-    with (root / "results.csv").open("w", newline="") as f:
+    with written_whole(root / "results.csv") as partial, partial.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["cell", "metric", "mean", "std", "ci95", "n"])
         writer.writeheader()
         writer.writerows(rows)
     lines = ["| cell | metric | mean | std | 95% CI | n |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['cell']} | {r['metric']} | {r['mean']:.4f} | {r['std']:.4f} | ±{r['ci95']:.4f} | {r['n']} |"
               for r in rows]  # fmt: skip
-    (root / "results.md").write_text("\n".join(lines) + f"\n\n{note}\n")
+    with written_whole(root / "results.md") as partial:
+        partial.write_text("\n".join(lines) + f"\n\n{note}\n")
     table = Table(title=f"{root}: mean, std, 95% CI (t) over runs", title_justify="left", caption=note,
                   caption_justify="left")  # fmt: skip
     for column in ("cell", "metric", "mean", "std", "95% CI", "n"):
@@ -172,7 +174,7 @@ def aggregate(root: Path, folders: dict[str, list[Path]]) -> list[dict[str, Any]
 
 def multirun_command(args: list[str]) -> None:
     """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
-    parser = argparse.ArgumentParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
+    parser = OneLineParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
     parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
     parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
     parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")

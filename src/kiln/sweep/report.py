@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
+from kiln.files import written_whole
 from kiln.sweep.inprocess import describe
 from kiln.sweep.space import Sweep
 
@@ -65,7 +66,8 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     config["run"]["root"] = "runs"
     path = sweep_dir / "best.yaml"
     header = f"# trial {best.number} of sweep {sweep.name}: {sweep.metric} {best.value:.6g}\n"
-    path.write_text(header + yaml.safe_dump(config, sort_keys=False))
+    with written_whole(path) as partial:
+        partial.write_text(header + yaml.safe_dump(config, sort_keys=False))
     return path
 
 
@@ -157,15 +159,15 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
     Console(file=sys.stderr).print(table)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     complete = [(t.number, float(t.value)) for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-    history_image(complete, sweep.direction).save(sweep_dir / "history.png")
+    with written_whole(sweep_dir / "history.png") as partial:
+        history_image(complete, sweep.direction).save(partial)
     if len(complete) >= 2 and sweep.space:
         try:
             importances = optuna.importance.get_param_importances(study)
         except (RuntimeError, ValueError):  # too few distinct values to tell
             importances = {}
-        _chart(sorted(importances.items(), key=lambda kv: -kv[1]), "parameter importance (fANOVA)").save(
-            sweep_dir / "importance.png"
-        )
+        with written_whole(sweep_dir / "importance.png") as partial:
+            _chart(sorted(importances.items(), key=lambda kv: -kv[1]), "parameter importance (fANOVA)").save(partial)
     found = best_run(study)
     if found is None:
         return

@@ -1,0 +1,21 @@
+"""Files written whole or not at all: a full disk or a kill mid-write leaves the old file, or none, never half a one."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def written_whole(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; it replaces ``path`` when the block ends without an error,
+    and is removed when it raises (``OSError`` of a full disk included)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.partial{path.suffix}")  # the suffix: Pillow picks the format by it
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
