@@ -201,3 +201,25 @@ def test_a_resume_with_more_epochs_stretches_the_schedule_instead_of_training_at
     assert isinstance(scheduler, WarmupCosineLR)
     assert scheduler.total_steps == 15  # the restored state said 5: steps 5-14 would have run at lr 0
     assert 0 < scheduler.factor(7) < 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["test", "predict"])
+def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_half_written(
+    command: str, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    fit = build_cli(["fit", *QUIET, "--run.root", str(tmp_path / "runs")])
+    last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    small = tmp_path / "small"  # 16 KiB: room for config.yaml, not for the confusion matrix or predictions.csv
+    small.mkdir()
+    kiln = [sys.executable, "-m", "kiln", command, "--ckpt_path", str(last), "--run.root", str(small),
+            "--trainer.logger", "false"]  # fmt: skip
+    left = f"find {small} -type f -printf 'left %p\\n'"
+    script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}; rc=$?; {left}; exit $rc"
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: no space left on the device: free some, or write elsewhere (--run.root, --output)"]
+    assert "Traceback" not in done.stderr and "left " not in done.stdout  # no file left: a 0-byte PNG was, before

@@ -80,7 +80,7 @@ def _unexpected(err: Exception) -> str:
 def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
     """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file)."""
     if remove_run and (removed := runs.remove_failed_run()):
-        print(f"removed {removed}: the run failed before its first checkpoint", file=sys.stderr)
+        print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
     print(message() if callable(message) else message, file=sys.stderr)
     sys.exit(code)
 
