@@ -166,3 +166,19 @@ class RecordRestoredBest(Callback):
         score = getattr(best, "best_model_score", None)
         recorded = {"path": getattr(best, "best_model_path", ""), "score": float(score) if score is not None else None}
         Path(self.path).write_text(json.dumps(recorded))
+
+
+class SignalAtHook(Callback):
+    """Sends a real signal to this process in ``hook``: ``setup`` (before Lightning's own handler is
+    installed with the stage) or ``on_fit_end`` (after it is gone, before the test after fit)."""
+
+    def __init__(self, hook: str, name: str = "SIGTERM") -> None:
+        self.hook, self.signal = hook, signal.Signals[name]
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.hook == "setup":
+            os.kill(os.getpid(), self.signal)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.hook == "on_fit_end":
+            os.kill(os.getpid(), self.signal)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -335,3 +337,73 @@ def test_a_moved_run_folder_resumes_with_the_same_best_checkpoint_as_in_place(tm
         str(tmp_path / "moved")
     )
     assert moved["score"] == here["score"]  # Lightning forgot the best when the folder changed
+
+
+def sigterm_once_handled(process: subprocess.Popen) -> None:
+    """SIGTERM to ``process`` as soon as it handles the signal (its /proc status says so): from its start on."""
+    status = Path(f"/proc/{process.pid}/status")
+    while process.poll() is None:
+        caught = next(
+            (int(line.split()[1], 16) for line in status.read_text().splitlines() if line.startswith("SigCgt")), 0
+        )
+        if caught & (1 << (signal.SIGTERM - 1)):
+            process.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["setup", "between_fit_and_test", "export", "multirun"])
+def test_a_sigterm_at_any_moment_of_a_command_stops_it_with_one_line_and_143(when: str, tmp_path: Path) -> None:
+    quiet = [*LIMIT, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    kiln = [sys.executable, "-m", "kiln"]
+    if when == "export":
+        fit = build_cli(["fit", *quiet, "--run.root", str(tmp_path / "runs"), "--run.test_after_fit", "false"])
+        last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+        command = [*kiln, "export", "--ckpt_path", str(last), "--output", str(tmp_path / "served")]
+    elif when == "multirun":
+        command = [*kiln, "multirun", "--seeds", "0-2", "--", *quiet]
+    elif when == "setup":
+        command = [*kiln, "fit", *quiet]
+    else:  # a probe sends it after fit, as Lightning's own handler is gone
+        command = [
+            *kiln,
+            "fit",
+            *quiet,
+            "--trainer.callbacks+=probes.SignalAtHook",
+            "--trainer.callbacks.hook=on_fit_end",
+        ]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    if when != "between_fit_and_test":
+        sigterm_once_handled(process)  # while it imports, parses, loads data: before any training or writing
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 143, stderr[-2000:]  # was 0: trained, tested or exported in full
+    assert "Traceback" not in stderr and "killed by signal" not in stderr
+    if when == "export":
+        assert "SIGTERM: kiln export stopped; nothing was written" in stderr and not (tmp_path / "served").exists()
+        assert not list(tmp_path.glob(".served.*"))  # no staging folder left
+    elif when == "multirun":
+        assert "kiln multirun stopped" in stderr or "stopped after step" in stderr
+    elif when == "setup":
+        assert "SIGTERM: stopped after step 0" in stderr
+    else:
+        assert "the test after fit was stopped; training is complete" in stderr
+        (run,) = (tmp_path / "runs" / "digits").iterdir()
+        assert "test" not in json.loads((run / "metrics.json").read_text())  # the test never began
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", [1, 5], ids=["first_step", "in_validation"])  # limit: 5 steps an epoch
+def test_a_process_group_sigterm_early_or_in_validation_ends_in_one_line_without_a_worker_traceback(
+    step: int, tmp_path: Path
+) -> None:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", f"--trainer.callbacks.step={step}",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}", "--trainer.callbacks.group=true"]  # fmt: skip
+    if step == 5:  # sent at the epoch's last step: it arrives while validation runs
+        probe += ["--trainer.limit_val_batches", "20"]
+    command = [*signal_command(2), "--run.root", str(tmp_path / "runs"), *probe]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "killed by signal" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -19,7 +19,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import process_group, runs
+from kiln import process_group, runs, stop_signals
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
@@ -332,6 +332,8 @@ class KilnCLI(LightningCLI):
         if not config.run.test_after_fit or self.trainer.interrupted:
             return
         try:
+            if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins
+                raise SIGTERMException if name == "SIGTERM" else Preempted(f"{name} before the test after fit")
             self.test_metrics = test_after_fit(self.trainer, self.model, self.datamodule, config.run.test_ckpt)
         except (SIGTERMException, Preempted):
             print(

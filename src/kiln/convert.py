@@ -12,6 +12,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from lightning.pytorch import LightningDataModule
 
+from kiln import stop_signals
 from kiln.config_errors import check_config_files
 from kiln.data.streaming import META, SPLITS, convert
 from kiln.errors import KilnError
@@ -31,6 +32,7 @@ def main(args: list[str] | None = None) -> None:
         check_config_files(args or [])
         config = parser.parse_args(args)
         data = parser.instantiate(config).data
+        stop_signals.stop_here("kiln convert stopped before writing chunks")
         written = convert(data, config.output, config.chunk_bytes, config.num_workers)
     except KilnError as err:
         print(f"error: {err}", file=sys.stderr)

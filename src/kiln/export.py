@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from kiln import stop_signals
 from kiln.arguments import OneLineParser
 from kiln.checkpointing import load_checkpoint_file
 from kiln.config_errors import import_class
@@ -114,6 +115,7 @@ def parity(run: Any, eager: nn.Module, inputs: Tensor, batch_sizes: list[int]) -
         for size in batch_sizes:
             worst, agree = 0.0, 0
             for chunk in inputs.split(size):
+                stop_signals.stop_here("kiln export stopped; nothing was written")
                 want, got = eager(chunk), torch.as_tensor(run(chunk))
                 worst = max(worst, (want - got).abs().max().item())
                 agree += int((want.argmax(-1) == got.argmax(-1)).sum())
@@ -137,6 +139,7 @@ def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: l
                    batch_sizes: list[int], report: dict[str, Any]) -> None:  # fmt: skip
     """Export each format into ``staging`` and add its parity against ``served`` to ``report``."""
     batch = torch.export.Dim("batch", min=1)
+    stop_signals.stop_here("kiln export stopped; nothing was written")
     if "onnx" in formats:
         import onnxruntime
 
@@ -146,6 +149,7 @@ def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: l
         session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
         report["onnx"] = parity(lambda x: session.run(None, {"input": x.numpy()})[0], served, inputs, batch_sizes)
     if "pt2" in formats:
+        stop_signals.stop_here("kiln export stopped; nothing was written")
         program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
         torch.export.save(program, staging / "model.pt2")
         reloaded = torch.export.load(staging / "model.pt2").module()
@@ -156,6 +160,7 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
            samples: int) -> dict[str, Any]:  # fmt: skip
     """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing."""
     model, data = load_trained(ckpt_path)
+    stop_signals.stop_here("kiln export stopped; nothing was written")
     served = Probabilities(model).eval()
     inputs = test_inputs(data, samples)
     example = inputs[: max(2, min(7, len(inputs)))]

@@ -47,9 +47,19 @@ _exit_hook = False
 def _end_workers() -> None:
     import multiprocessing
 
-    for child in multiprocessing.active_children():
-        if child.daemon:  # what multiprocessing would terminate here anyway
-            child.kill()
+    children = [child for child in multiprocessing.active_children() if child.daemon]  # what it would end anyway
+    if children and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would report each as "killed by signal"
+    for child in children:
+        child.kill()
+
+
+def stop_here(what: str) -> None:
+    """A safe point of a command outside Lightning's loops: stop if a stop signal came, saying ``what`` was done."""
+    if (name := received()) is not None:
+        from kiln.errors import Stopped
+
+        raise Stopped(name, what)
 
 
 def ignore_in_worker(worker_id: int) -> None:

@@ -125,6 +125,13 @@ def _stage(trainer: Trainer) -> str:
     return trainer.state.stage.value if trainer.state.stage else "evaluation"  # "test", not "RunningStage.TESTING"
 
 
+def _stop_on_an_early_sigterm(trainer: Trainer) -> None:
+    """A SIGTERM that came before this stage began (while the data loaded, between fit and its test) reached only
+    kiln's handler: Lightning's, which stops its loops, is installed with the stage. Stop as Lightning would."""
+    if stop_signals.received() == "SIGTERM" and not getattr(trainer, "received_sigterm", False):
+        raise SIGTERMException
+
+
 def _requeue(trainer: Trainer) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and trainer.is_global_zero and shutil.which("scontrol"):
@@ -158,6 +165,7 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
+        _stop_on_an_early_sigterm(trainer)
         if stop_signals.received() != "SIGUSR1":
             return
         self._save(trainer, "SIGUSR1")
@@ -165,8 +173,11 @@ class PreemptionCheckpoint(Callback):
         raise Preempted(f"SIGUSR1 after step {trainer.global_step}")
 
     def _stop_evaluation(self, trainer: Trainer, batch_idx: int) -> None:
-        if trainer.state.fn == "fit" or stop_signals.received() != "SIGUSR1":
+        if trainer.state.fn == "fit":
             return  # in fit, validation finishes and training stops at its next step
+        _stop_on_an_early_sigterm(trainer)
+        if stop_signals.received() != "SIGUSR1":
+            return
         _requeue(trainer)
         stage = _stage(trainer)
         rank_zero_info(f"SIGUSR1: stopped {stage} at batch {batch_idx}; nothing to save")

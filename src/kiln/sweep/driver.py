@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from kiln import runs
+from kiln import runs, stop_signals
 from kiln.arguments import OneLineParser
 from kiln.errors import AlreadyFinished, Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.sweep import reporting
@@ -256,6 +256,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
         return study
     states: list[str] = []
     while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
+        stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
         trial = study.ask()
         if _counted(study) > sweep.n_trials:  # another worker took the last one meanwhile (this one counts too)
             trial.set_user_attr("surplus", True)

@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
-from kiln import runs
+from kiln import runs, stop_signals
 from kiln.arguments import OneLineParser
 from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.files import written_whole
@@ -199,6 +199,7 @@ def multirun_command(args: list[str]) -> None:
         fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
         run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
                f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
+        stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
         config = resolved_config(run)
         done, other = finished(root / name, tested, config)
         if done is not None:
