@@ -111,6 +111,8 @@ def test_a_resume_needs_no_pretrained_file_as_its_checkpoint_holds_every_weight(
     assert "a resume may give null" in capsys.readouterr().err
     resumed = build_cli([*command, "--ckpt_path", "last", "--model.init_args.net.init_args.weights=null"])
     assert resumed.trainer.current_epoch == 2 and resumed.run_dir == first.run_dir
+    assert tuple(resumed.datamodule.mean) == tuple(first.datamodule.mean) != (0.3053,)  # as trained, not digits'
+    assert tuple(resumed.datamodule.std) == tuple(first.datamodule.std)
 
 
 class Probe(Callback):

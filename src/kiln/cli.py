@@ -31,7 +31,7 @@ from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import written_whole
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
-from kiln.resume_check import keep_given_secrets, refuse_changed_data, refuse_changed_settings
+from kiln.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.run_paths import RunPaths, class_nodes, is_a
 from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, nothing_to_train, partial_data, resolve_run_dir
 from kiln.secrets import redact, redact_text, secret_values
@@ -232,6 +232,7 @@ class KilnCLI(LightningCLI):
         saved = checkpoint.get("hyper_parameters", {})
         if subcommand == "fit":
             refuse_changed_settings(saved, self.config.fit.model, self.config.fit.ckpt_path)
+            keep_saved_stats(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data)
             refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
                                 self.config.fit.ckpt_path)  # fmt: skip
             return  # the model and data are built from the command line, which matches the checkpoint

@@ -98,6 +98,7 @@ def refuse_changed_data(hparams: dict[str, Any] | None, data: Namespace, ckpt_pa
         for key, value in given.items()
         if key in saved and saved[key] != value and key.rsplit(".", 1)[-1] not in DATA_RUNTIME
         and not (value is None and key.endswith(".classes"))  # recorded by the run; None: found again
+        and "Unable to serialize" not in repr(saved[key])  # a value Lightning's hparams dump could not keep
     ]  # fmt: skip
     if changed:
         key, before, after = changed[0]
@@ -105,6 +106,16 @@ def refuse_changed_data(hparams: dict[str, Any] | None, data: Namespace, ckpt_pa
             f"{key}: the checkpoint {ckpt_path} was trained with {before!r}, this command gives {after!r}; a "
             "resume goes on with the same data, so drop the change, or start a new run without --ckpt_path"
         )
+
+
+def keep_saved_stats(hparams: dict[str, Any] | None, data: Namespace) -> None:
+    """A resume normalises as the run did: the checkpoint's ``mean``/``std`` where the command sets none (with a
+    pretrained net's ``weights: null``, which a resume may give, they would fall back to the data's defaults)."""
+    if not hparams or not isinstance(data, Namespace) or not isinstance(data.get("init_args"), Namespace):
+        return
+    for key in ("mean", "std"):
+        if data.init_args.get(key) is None and hparams.get(key) is not None:
+            data.init_args[key] = hparams[key]
 
 
 def keep_given_secrets(hparams: dict[str, Any], given: Namespace, merged: Namespace) -> None:
