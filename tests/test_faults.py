@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -223,3 +224,21 @@ def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: no space left on the device: free some, or write elsewhere (--run.root, --output)"]
     assert "Traceback" not in done.stderr and "left " not in done.stdout  # no file left: a 0-byte PNG was, before
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    small = tmp_path / "wandb-disk"  # 16 KiB for W&B's files; the run folder on the ordinary disk
+    small.mkdir()
+    kiln = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.init_args.save_dir", str(small), "--run.root", str(tmp_path / "runs")]  # fmt: skip
+    script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # was exit 1 with 45,954 lines, 988 of them logging errors
+    assert done.stderr.count("W&B: logging stopped (") == 1 and "Logging error" not in done.stderr
+    assert len(done.stderr.splitlines()) < 100
+    (run,) = (tmp_path / "runs" / "digits").iterdir()
+    assert "test" in json.loads((run / "metrics.json").read_text())  # the test after fit ran and was recorded

@@ -66,10 +66,13 @@ class FakeServer(BaseHTTPRequestHandler):
     seen: ClassVar[list[tuple[str, str]]] = []
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        request = self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append((self.path, self.headers.get("Authorization", "")))
-        body = json.dumps({"data": {"viewer": {"id": "u1"}}} if self.status == 200 else {"error": "no"}).encode()
-        self.send_response(self.status)
+        status = self.status
+        if status == 500 and b"viewer" in request and b"upsertBucket" not in request:  # a partial outage:
+            status = 200  # the key checks out, creating the run fails
+        body = json.dumps({"data": {"viewer": {"id": "u1"}}} if status == 200 else {"error": "no"}).encode()
+        self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -131,6 +134,22 @@ def test_a_server_that_cannot_start_an_online_run_means_offline_in_one_line(
         torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 5
     )  # it trained
     assert elapsed < 60  # the cases: W&B blocked 110 s, then failed the run
+
+
+@pytest.mark.slow
+def test_a_run_w_and_b_cannot_create_trains_offline_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")  # kiln's own default is 30 s (W&B's 90)
+    with local_server("500") as (url, _):  # the key's probe passes, then HTTP 500 to everything else
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        main(["fit", *LIMIT, "--trainer.max_epochs", "1"])  # was: 90 s blocked, a traceback, exit 1, nothing trained
+    (notice,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("W&B: the run could not")]
+    assert "logging offline" in notice
+    (run_dir,) = Path("runs/digits").iterdir()
+    assert list(run_dir.glob("wandb/offline-run-*")) and "test" in json.loads((run_dir / "metrics.json").read_text())
 
 
 def test_a_server_that_knows_the_key_keeps_the_run_online(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import logging
 import signal
 import sys
 import tempfile
@@ -89,6 +90,7 @@ def main(args: list[str] | None = None) -> None:
     """The ``kiln`` command."""
     argv = sys.argv[1:] if args is None else [str(a) for a in args]
     stop_signals.install()
+    logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
     try:
         _command(argv, given=args is not None)()
     except AlreadyFinished as done:

@@ -37,7 +37,7 @@ from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, nothing_
 from kiln.secrets import redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.testing import TestChoice, read_metrics, test_after_fit
-from kiln.wandb_mode import finish_wandb
+from kiln.wandb_mode import finish_wandb, start_or_fall_back
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -327,6 +327,16 @@ class KilnCLI(LightningCLI):
 
     def before_fit(self) -> None:
         process_group.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
+        self._start_wandb()
+
+    def _start_wandb(self) -> None:
+        """W&B's run starts before training, offline or off when it cannot start online (one line says so)."""
+        for logger in self.trainer.loggers:
+            wandb = isinstance(logger, WandbLogger) and self.trainer.is_global_zero
+            if wandb and (notice := start_or_fall_back(logger)):
+                print(notice, file=sys.stderr)
+
+    before_validate = before_test = before_predict = _start_wandb
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any, Literal
 
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 
 class Wandb(WandbLogger):
@@ -71,3 +74,39 @@ class Wandb(WandbLogger):
         if resume is not None:
             self._wandb_init["resume"] = resume
         self._wandb_init.pop("anonymous", None)  # deprecated in W&B; passing it at all prints a warning
+        self.stopped: str | None = None  # why W&B logging stopped mid-run, if it did
+
+    def _guarded(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """W&B failing mid-run (a full disk, a server gone) stops W&B, with one line, never the run."""
+        if self.stopped is not None:
+            return None
+        try:
+            return call(*args, **kwargs)
+        except Exception as err:
+            self.stopped = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            print(f"W&B: logging stopped ({self.stopped}); the run goes on without it: checkpoints, the test and "
+                  "metrics.json are kept in the run folder", file=sys.stderr)  # fmt: skip
+            return None
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        self._guarded(super().log_metrics, metrics, step)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        self._guarded(super().log_hyperparams, params)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        self._guarded(super().log_image, key, images, step, **kwargs)
+
+    @rank_zero_only
+    def log_table(self, *args: Any, **kwargs: Any) -> None:
+        self._guarded(super().log_table, *args, **kwargs)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        self._guarded(super().after_save_checkpoint, checkpoint_callback)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self._guarded(super().finalize, status)

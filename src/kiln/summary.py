@@ -17,6 +17,8 @@ def wandb_sync_command(trainer: Any) -> str | None:
     from lightning.pytorch.loggers import WandbLogger
 
     for logger in trainer.loggers:
+        if getattr(logger, "stopped", None):  # kiln's W&B logger after a failure mid-run: said then
+            continue
         if isinstance(logger, WandbLogger) and os.environ.get("WANDB_MODE") == "offline":
             return f"wandb sync {Path(logger.experiment.dir).parent}"
     return None

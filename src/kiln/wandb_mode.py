@@ -11,6 +11,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from kiln.errors import ConfigError
@@ -98,8 +99,43 @@ def _refuse_offline_agent(sweep: str) -> None:
         )
 
 
+INIT_TIMEOUT = "30"  # seconds W&B waits for its run to start (its own default, 90, blocked a run for minutes)
+
+
+def start_or_fall_back(logger: Any) -> str | None:
+    """Start a ``WandbLogger``'s run now, before training; if W&B cannot start it (an HTTP 500 to run creation,
+    a full disk), log offline instead, or with that failing too, not at all: one line says which, and
+    training goes on either way. Uses Lightning's ``_wandb_init`` and ``_experiment`` (README: private APIs)."""
+    os.environ.setdefault("WANDB_INIT_TIMEOUT", INIT_TIMEOUT)
+    try:
+        logger.experiment  # noqa: B018  # Lightning's lazy start: wandb.init
+        return None
+    except Exception as err:  # W&B's CommError, UsageError, OSError of a full disk: each ends the same way
+        reason = _first_line(err)
+    for mode in ("offline", "disabled"):
+        if logger._wandb_init.get("mode") == mode:
+            continue
+        finish_wandb(exit_code=1)
+        logger._experiment, logger._wandb_init["mode"] = None, mode
+        try:
+            logger.experiment  # noqa: B018
+        except Exception as err:
+            reason = f"{reason}; {mode}: {_first_line(err)}"
+            continue
+        more = "`wandb sync` uploads it later" if mode == "offline" else "the run goes on without W&B"
+        return f"W&B: the run could not start ({reason}); logging {mode}, {more}"
+    raise RuntimeError(f"W&B could not start even disabled ({reason})")
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
 def finish_wandb(exit_code: int = 0) -> None:
     """End this process's W&B run, so the next run in the same process (a notebook) starts its own."""
     wandb = sys.modules.get("wandb")  # never import W&B just to close it
     if wandb is not None and wandb.run is not None:
-        wandb.finish(exit_code=exit_code)
+        try:
+            wandb.finish(exit_code=exit_code)
+        except Exception as err:  # a full disk, a server gone: what it logged is what there is
+            print(f"W&B: the run could not be closed cleanly ({_first_line(err)})", file=sys.stderr)
