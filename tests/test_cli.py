@@ -357,3 +357,21 @@ def test_a_fit_that_would_train_nothing_exits_non_zero_in_one_line(setting: str,
         main(["fit", f"--trainer.{setting}", "0"])  # was: an untrained network tested, with a normal summary
     assert stop.value.code == 2 and not Path("runs").exists()
     assert f"error: trainer.{setting} 0: fit would train nothing" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_prints_about_30_lines_and_keeps_the_rest_in_console_log(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_SILENT")}  # W&B offline, as make train
+    command = [sys.executable, "-m", "kiln", "fit", *LIMIT]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(printed) <= 32, "\n".join(printed)  # was 108 to 112, 34 of them W&B's
+    text = "\n".join(printed)
+    assert "Total params" in text and "Run summary" in text and "wandb sync" in text  # summary, model, where
+    assert "Seed set to" not in text and "wandb: Run history" not in text and "Per-class test accuracy" not in text
+    (run,) = (tmp_path / "runs" / "digits").iterdir()
+    kept = (run / "console.log").read_text()
+    assert "Seed set to 42" in kept and "Restoring states" in kept and "Per-class test accuracy" in kept
+    loud = subprocess.run([*command, "-v"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert "Seed set to 42" in loud.stderr + loud.stdout and "Per-class test accuracy" in loud.stderr + loud.stdout

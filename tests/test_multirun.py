@@ -31,6 +31,10 @@ def scored(run_dir: Path, which: str) -> float:
 def test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing(capsys: pytest.CaptureFixture) -> None:
     command = ["multirun", "--seeds", "0-1", "--grid", f"{WIDTH}=8,16", "--", *LIMIT, *QUIET]
     main(command)
+    printed = capsys.readouterr()
+    per_run = [line for line in printed.err.splitlines() if line.startswith(("width=8/seed", "width=16/seed"))]
+    assert len(per_run) == 4 and all("test/acc @last" in line for line in per_run)  # one line per run ...
+    assert "Run summary" not in printed.out + printed.err  # ... not each run's own console
     root = Path("runs/multirun/multirun")
     folders = sorted(root.glob("width=*/seed*/2*"))
     assert [f.parent.relative_to(root).as_posix() for f in folders] == [

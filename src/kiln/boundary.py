@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import importlib
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -89,6 +90,10 @@ def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True)
 def main(args: list[str] | None = None) -> None:
     """The ``kiln`` command."""
     argv = sys.argv[1:] if args is None else [str(a) for a in args]
+    if verbose := [a for a in argv[: argv.index("--") if "--" in argv else None] if a in ("-v", "--verbose")]:
+        argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
+        os.environ["KILN_VERBOSE"] = "1"
+        args = argv
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
     try:

@@ -19,7 +19,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import process_group, runs, stop_signals
+from kiln import console, process_group, runs, stop_signals
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
@@ -125,14 +125,17 @@ class KilnCLI(LightningCLI):
         self.links = DataLinks()
         runs.new_command()
         quiet_lightning()
+        console.begin_command()
         try:
             with process_group.released_after():  # an in-process DDP run's port and group: free for the next
                 super().__init__(*args, **kwargs)
         except BaseException:
             finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
+            console.end_command()
             raise
         if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
             finish_wandb()
+            console.end_command()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
@@ -275,6 +278,7 @@ class KilnCLI(LightningCLI):
                              "value (`kiln test --ckpt_path <file>` tests a trained one)")  # fmt: skip
         prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
+        console.to_run_folder(self.run_dir)
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
         run_paths.fill(config, config.run.name)
         self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
@@ -300,7 +304,7 @@ class KilnCLI(LightningCLI):
             if why is None:
                 kept.append(callback)
             else:
-                print(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}", file=sys.stderr)
+                console.LOG.info(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}")
         config.trainer.callbacks = kept
 
     def instantiate_classes(self) -> None:

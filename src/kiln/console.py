@@ -1,9 +1,14 @@
-"""Lightning messages a kiln run prints for no reason, each dropped by its exact text (not a blanket filter)."""
+"""What a command prints: Lightning messages that say nothing dropped by their exact text, and the information
+lines kept in the run folder's console.log rather than on the console."""
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 # (logger, start of the message, why it goes)
 UNHELPFUL = [
@@ -38,3 +43,100 @@ def quiet_lightning() -> None:
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropUnhelpful) for f in log.filters):
             log.addFilter(_DropUnhelpful(tuple(start for logger, start, _ in UNHELPFUL if logger == name)))
+
+
+# A command's console: its own lines, the model summary, the progress bar, warnings that matter and the
+# summary. Lightning's information lines ("Seed set to 42", "GPU available", "Restoring states …") go to
+# the run folder's console.log instead, and W&B's banner and history to its own log; `-v` keeps both here.
+VERBOSE_ENV = "KILN_VERBOSE"  # set by `kiln -v` (kiln.boundary)
+TO_FILE = ("lightning.pytorch", "lightning.fabric", "kiln")  # loggers whose information lines go to console.log
+LOG = logging.getLogger("kiln")  # kiln's own information lines (the per-class table, callbacks left out)
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+class _Held(logging.Handler):
+    """Keeps a command's information lines until its run folder exists."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_command: list[tuple[logging.Handler, list[tuple[logging.Handler, int]]]] = []  # (its handler, levels it changed)
+
+
+def begin_command() -> None:
+    """Information lines leave the console (kept for console.log), unless ``-v``."""
+    if not LOG.handlers:
+        LOG.addHandler(logging.StreamHandler())
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
+    if verbose():
+        return
+    os.environ["WANDB_SILENT"] = "true"  # W&B's banner and history: in its own debug log
+    held: logging.Handler = _Held()
+    changed: list[tuple[logging.Handler, int]] = []
+    for name in TO_FILE:
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if type(handler) is logging.StreamHandler:  # the console's; not a file's
+                changed.append((handler, handler.level))
+                handler.setLevel(logging.WARNING)
+        logger.addHandler(held)
+    _command.append((held, changed))
+
+
+def to_run_folder(run_dir: Path) -> None:
+    """From now on (and what came before) the information lines go to ``<run_dir>/console.log``."""
+    if not _command:
+        return
+    held, changed = _command[-1]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    written = logging.FileHandler(run_dir / "console.log", encoding="utf-8")
+    written.setLevel(logging.INFO)
+    written.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    for record in getattr(held, "records", []):
+        written.emit(record)
+    for name in TO_FILE:
+        logging.getLogger(name).removeHandler(held)
+        logging.getLogger(name).addHandler(written)
+    _command[-1] = (written, changed)
+
+
+def end_command() -> None:
+    """Put the console back as it was (a notebook's next cell, a sweep's next trial)."""
+    if not _command:
+        return
+    handler, changed = _command.pop()
+    for name in TO_FILE:
+        logging.getLogger(name).removeHandler(handler)
+    handler.close()
+    for stream, level in changed:
+        stream.setLevel(level)
+
+
+SUMMARY_OFF_ENV = "KILN_NO_RUN_SUMMARY"  # a run inside multirun (its own process too): the command sums up
+
+
+@contextmanager
+def run_summary_off() -> Iterator[None]:
+    """Runs of another command print no summary of their own (the command prints a line per run)."""
+    before = os.environ.get(SUMMARY_OFF_ENV)
+    os.environ[SUMMARY_OFF_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SUMMARY_OFF_ENV, None)
+        else:
+            os.environ[SUMMARY_OFF_ENV] = before
+
+
+def run_summary_wanted() -> bool:
+    return os.environ.get(SUMMARY_OFF_ENV) != "1" or verbose()

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
+from kiln import console
 from kiln.checkpointing import load_checkpoint_file
 from kiln.files import written_whole
 from kiln.runs import layout
@@ -64,7 +65,8 @@ def test_after_fit(
 
         sync = wandb_sync_command(trainer)  # read from the run before it closes
         finish_wandb()  # W&B prints its history as it closes: before the summary, so the console ends on it
-        print_summary(results, run_dir, sync)
+        if console.run_summary_wanted():
+            print_summary(results, run_dir, sync)
     return results[0].metrics
 
 

@@ -6,6 +6,7 @@ dependency and seconds of import time to every command.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
+from kiln.console import LOG
 from kiln.data.on_device import stats_view
 from kiln.files import written_whole
 
@@ -188,4 +190,6 @@ class ConfusionMatrixReport(Callback):
         for i, name in enumerate(names):
             support, correct = int(matrix[i].sum()), int(matrix[i, i])
             table.add_row(name, str(support), str(correct), f"{correct / support:.3f}" if support else "-")
-        Console().print(table)
+        text = io.StringIO()
+        Console(width=100, file=text, force_terminal=False).print(table)
+        LOG.info("\n" + text.getvalue())  # console.log (and the console with -v): the picture shows it

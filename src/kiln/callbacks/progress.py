@@ -39,3 +39,16 @@ class ProgressBar(RichProgressBar):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._read_at = -math.inf  # show the epoch's final values
         super().on_train_epoch_end(trainer, pl_module)
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hide(self.test_progress_bar_id)  # the summary says what the test found
+        super().on_test_end(trainer, pl_module)
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hide(self.predict_progress_bar_id)
+        super().on_predict_end(trainer, pl_module)
+
+    def _hide(self, task: Any) -> None:
+        if self.progress is not None and task is not None:
+            self.progress.update(task, advance=0, visible=False)
+            self.refresh()

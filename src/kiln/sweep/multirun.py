@@ -23,7 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
-from kiln import runs, stop_signals
+from kiln import console, runs, stop_signals
 from kiln.arguments import OneLineParser
 from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
 from kiln.files import written_whole
@@ -82,6 +82,14 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 CONFIG_FILE = "multirun.yaml"  # in a run folder: the config it was resolved to, what a rerun compares
+QUIET_RUN = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def describe_run(run_dir: Path) -> str:
+    """One line for a finished run: its test metrics by weights, and its folder."""
+    found = run_metrics(run_dir)
+    tested = [f"{key} {value:.4f}" for key, value in sorted(found.items()) if key.startswith("test/")]
+    return f"{', '.join(tested) or 'trained (no test)'} ({run_dir})"
 
 
 def weights(label: str) -> list[str]:
@@ -208,8 +216,10 @@ def multirun_command(args: list[str]) -> None:
             if other is not None:
                 print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
             before = set((root / name).glob("*"))
+            quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
             try:
-                fit_process(run) if options.subprocess else fit(run)
+                with console.run_summary_off():
+                    fit_process([*run, *quiet]) if options.subprocess else fit([*run, *quiet])
             except (SIGTERMException, Preempted, Interrupted):
                 raise  # stopped from outside: the same command resumes
             except Exception as err:  # a user error or a crash: this run fails, the others go on
@@ -224,6 +234,8 @@ def multirun_command(args: list[str]) -> None:
             for new in set((root / name).glob("*")) - before:
                 (new / CONFIG_FILE).write_text(config)
             done, _ = finished(root / name, tested, config)
+            if done is not None:
+                print(f"{name}: {describe_run(done)}", file=sys.stderr)
         if done is not None:
             folders.setdefault(cell_name(cell), []).append(done)
     if folders:
