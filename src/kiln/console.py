@@ -73,6 +73,8 @@ _command: list[tuple[logging.Handler, list[tuple[logging.Handler, int]]]] = []  
 
 def begin_command() -> None:
     """Information lines leave the console (kept for console.log), unless ``-v``."""
+    while _command:  # one command at a time: a notebook's earlier build_cli(run=False) hands over here
+        end_command()
     if not LOG.handlers:
         LOG.addHandler(logging.StreamHandler())
         LOG.setLevel(logging.INFO)
