@@ -142,3 +142,15 @@ def run_summary_off() -> Iterator[None]:
 
 def run_summary_wanted() -> bool:
     return os.environ.get(SUMMARY_OFF_ENV) != "1" or verbose()
+
+
+def say(message: str) -> None:
+    """A line kiln's user should see, once per run (rank zero): on the console, and in console.log."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        if not LOG.handlers:  # outside a command (a notebook's own Trainer): the console alone
+            LOG.addHandler(logging.StreamHandler())
+            LOG.setLevel(logging.INFO)
+            LOG.propagate = False
+        LOG.warning(message)

@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import grad_norm, rank_zero_info
+from lightning.pytorch.utilities import grad_norm
 from torch import Tensor
 from torch.optim import Optimizer
 
+from kiln.console import say
 from kiln.logging_steps import writes_logs_after
 
 
@@ -105,8 +106,8 @@ class GradNormMonitor(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending:
             self._check_spikes(trainer.global_step - 1)
-        if self.report():
-            rank_zero_info(self.report())
+        if report := self.report():
+            say(report)
 
     def report(self) -> str | None:
         """One line on this run's gradient-norm spikes, if any: how many, the first and the largest."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
+
+from kiln.console import say
 
 
 class OverfitReport(Callback):
@@ -33,4 +34,4 @@ class OverfitReport(Callback):
             return
         verdict = "passed" if self.last < self.target else f"FAILED (target < {self.target})"
         self.message = f"overfit check {verdict}: training loss {self.first:.4f} -> {self.last:.4f}"
-        rank_zero_info(self.message)
+        say(self.message)

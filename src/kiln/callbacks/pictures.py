@@ -14,13 +14,12 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from kiln.console import LOG
+from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
 from kiln.files import written_whole
 
@@ -133,7 +132,7 @@ class BatchGrid(Callback):
         x, y = batch[0][: self.max_images].detach().float().cpu(), batch[1][: self.max_images].cpu()
         if x.ndim not in (2, 3, 4):
             shape = tuple(batch[0].shape)
-            rank_zero_info(f"BatchGrid: no picture for inputs of shape {shape} (images or 1-D samples only)")
+            say(f"BatchGrid: no picture for inputs of shape {shape} (images or 1-D samples only)")
             return
         data = trainer.datamodule  # type: ignore[attr-defined]
         mean = stats_view(getattr(data, "mean", (0.0,)), x.shape[1:], "mean")

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import stop_signals
 from kiln.callbacks.last import LastCheckpoint, save_last
+from kiln.console import say
 from kiln.errors import Preempted
 
 
@@ -136,7 +136,7 @@ def _requeue(trainer: Trainer) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and trainer.is_global_zero and shutil.which("scontrol"):
         subprocess.run(["scontrol", "requeue", job], check=False)
-        rank_zero_info(f"requeued SLURM job {job}")
+        say(f"requeued SLURM job {job}")
 
 
 class PreemptionCheckpoint(Callback):
@@ -158,7 +158,7 @@ class PreemptionCheckpoint(Callback):
         owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
         self.saved = owner.save(trainer) if owner is not None else save_last(trainer)
         where = " (in validation, which runs again on resume)" if self._cut_validation else ""
-        rank_zero_info(
+        say(
             f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
             "run the same command with `--ckpt_path last` to continue"
         )
@@ -180,7 +180,7 @@ class PreemptionCheckpoint(Callback):
             return
         _requeue(trainer)
         stage = _stage(trainer)
-        rank_zero_info(f"SIGUSR1: stopped {stage} at batch {batch_idx}; nothing to save")
+        say(f"SIGUSR1: stopped {stage} at batch {batch_idx}; nothing to save")
         raise Preempted(f"SIGUSR1 during {stage}")
 
     def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
@@ -211,4 +211,4 @@ class PreemptionCheckpoint(Callback):
             finally:
                 self._cut_validation = False  # only this save is marked
         else:
-            rank_zero_info(f"SIGTERM: stopped {_stage(trainer)}; nothing to save")
+            say(f"SIGTERM: stopped {_stage(trainer)}; nothing to save")

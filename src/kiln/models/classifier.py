@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from kiln.console import say
 from kiln.errors import ConfigError
 from kiln.logging_steps import writes_logs_after
 from kiln.models.backbone import drop_gradients, hold_statistics, param_groups, split
@@ -120,7 +120,7 @@ class Classifier(LightningModule):
     def setup(self, stage: str) -> None:
         shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
         if self.channels_last and shape is not None and len(shape) != 3:
-            rank_zero_info(f"model.channels_last: off, as samples of shape {tuple(shape)} are not images (C, H, W)")
+            say(f"model.channels_last: off, as samples of shape {tuple(shape)} are not images (C, H, W)")
             self.channels_last = False
             self.net.to(memory_format=torch.contiguous_format)
         # an input of the data's shape: the model summary then shows real FLOPs and in/out sizes
@@ -139,9 +139,7 @@ class Classifier(LightningModule):
         if self.freeze_backbone_epochs:
             hold_statistics(self.net, frozen=self._backbone_frozen())
             if self.current_epoch == self.freeze_backbone_epochs:
-                rank_zero_info(
-                    f"epoch {self.current_epoch}: the backbone trains from now on (model.freeze_backbone_epochs)"
-                )
+                say(f"epoch {self.current_epoch}: the backbone trains from now on (model.freeze_backbone_epochs)")
 
     def on_after_backward(self) -> None:
         if self.freeze_backbone_epochs and self._backbone_frozen():

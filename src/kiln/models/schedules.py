@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+from kiln.console import say
 
 
 class WarmupCosineLR(LambdaLR):
@@ -60,7 +61,5 @@ class WarmupCosineLR(LambdaLR):
         total, follows = self.total_steps, self._follows_trainer
         super().load_state_dict(state_dict)
         if follows and total != self.total_steps:
-            rank_zero_info(
-                f"learning-rate schedule: {total} steps for this run (the checkpoint's run had {self.total_steps})"
-            )
+            say(f"learning-rate schedule: {total} steps for this run (the checkpoint's run had {self.total_steps})")
             self.total_steps, self._follows_trainer = total, True

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import timm
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from kiln.config_errors import nearest
+from kiln.console import say
 from kiln.errors import ConfigError
 
 KEY = "model.net.init_args"
@@ -87,7 +87,7 @@ class Timm(nn.Module):
             raise ConfigError(self._load_failure(name, weights, err)) from None
         finally:
             logging.getLogger("timm").setLevel(quiet)
-        rank_zero_info(self._loaded(name, weights))
+        say(self._loaded(name, weights))
 
     @staticmethod
     def _file(weights: str) -> Path:
