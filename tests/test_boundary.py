@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import LIMIT
 
 KILN = [sys.executable, "-m", "kiln"]
@@ -17,6 +18,7 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*KILN, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_crash_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
     crash = ["--model.init_args.net", "faulty.CrashAtStep", "--model.init_args.net.init_args.step", "7"]
     done = run(["fit", *LIMIT, *crash, "--trainer.enable_progress_bar", "false"], tmp_path)

@@ -215,6 +215,7 @@ def fingerprint(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("logger", ["wandb", "csv"])
 def test_a_runs_config_yaml_reused_with_c_starts_a_run_of_its_own(logger: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -229,6 +230,7 @@ def test_a_runs_config_yaml_reused_with_c_starts_a_run_of_its_own(logger: str, m
     assert list((new / "checkpoints").glob("best-*.ckpt")) and (new / "metrics.json").is_file()
 
 
+@pytest.mark.slow
 def test_mlflow_logs_each_run_into_one_store_under_the_root_named_by_experiment_and_folder() -> None:
     mlflow = pytest.importorskip("mlflow", reason="needs the dev group (make install)")
     mlflow_logger = ["--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger"]

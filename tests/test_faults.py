@@ -174,6 +174,7 @@ def test_a_resume_that_changes_the_model_is_refused_in_one_line(capsys: pytest.C
     assert load_checkpoint_file(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_a_resume_onto_other_data_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])  # digits
     write_image_folder(tmp_path / "images", classes=10, per_class=8)  # 10 classes of 8x8 grey images: same shape

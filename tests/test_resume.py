@@ -305,6 +305,7 @@ def test_a_resume_with_another_batch_size_neither_replays_nor_skips_samples(tmp_
     assert resumed[0] == reference[4]  # before, the position was 2 batches: samples 32-47 were trained on again
 
 
+@pytest.mark.slow
 def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.CaptureFixture) -> None:
     quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--run.test_after_fit", "false"]
     full = build_cli(["fit", "--trainer.max_epochs", "1", *quiet])  # all of the data
@@ -322,6 +323,7 @@ def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.Capt
     assert again.run_dir == debug.run_dir and again.trainer.current_epoch == 3
 
 
+@pytest.mark.slow
 def test_a_moved_run_folder_resumes_with_the_same_best_checkpoint_as_in_place(tmp_path: Path) -> None:
     quiet = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
     build_cli(["fit", *quiet, "--run.root", str(tmp_path / "here")])
