@@ -134,12 +134,17 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     def run_lane(commands: list[tuple[str, Rule]]) -> list[str]:
         failures = []
         for command, rule in commands:
-            runnable = rule(command, project)
+            try:  # a rule that finds no earlier output fails this command, and the lane's earlier failures still show
+                runnable = rule(command, project)
+            except AssertionError as error:
+                failures.append(f"`{command}`: {error}")
+                continue
             assert runnable is not None
             done = subprocess.run(shlex.split(runnable), cwd=project, capture_output=True, text=True, env=env,
                                   timeout=600)  # fmt: skip
             if done.returncode:
-                failures.append(f"`{command}` (run as `{runnable}`) exited {done.returncode}:\n{done.stderr[-3000:]}")
+                failures.append(f"`{command}` (run as `{runnable}`) exited {done.returncode}:\n"
+                                f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")  # fmt: skip
         return failures
 
     with ThreadPoolExecutor(max_workers=3) as pool:
