@@ -46,7 +46,7 @@ def test_one_dimensional_samples_train_and_are_drawn_as_line_plots(extra: list[s
     cli = build_cli(["fit", *WAVEFORMS, *LIMIT, "--trainer.logger", "false", *extra])
     assert cli.datamodule.input_shape == shape and cli.trainer.state.finished
     grid = Image.open(Path(cli.trainer.default_root_dir) / "batch_grid.png")
-    assert grid.width == 8 * 96  # line-plot cells (96 px), not 64 px image tiles
+    assert grid.width == 8 * 144  # line-plot cells (144 px), not 96 px image tiles
     assert "test/acc" in (cli.test_metrics or {})
 
 

@@ -1,93 +1,23 @@
-"""Pictures a user should look at: the first training batch as the net sees it, and the test confusion matrix.
-
-Drawn with Pillow (already installed with torchvision) rather than matplotlib, which would add a
-dependency and seconds of import time to every command.
-"""
+"""Pictures a user should look at: the first training batch as the net sees it, and the test confusion matrix
+(drawn by ``kiln.figures``, whose matplotlib is imported only when a picture is made)."""
 
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
-from PIL import Image, ImageDraw
+from PIL import Image
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
+from kiln import figures
 from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
-from kiln.files import written_whole
-
-LABEL_HEIGHT = 14
-
-
-def image_grid(images: Tensor, labels: Sequence[str], cell: int = 64, columns: int = 8) -> Image.Image:
-    """Images in [0, 1] (N x C x H x W) scaled to ``cell`` pixels, each with its label underneath."""
-    n = len(images)
-    columns = min(columns, n)
-    rows = math.ceil(n / columns)
-    canvas = Image.new("RGB", (columns * cell, rows * (cell + LABEL_HEIGHT)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
-        pixels = (image.clamp(0, 1) * 255).round().byte()
-        pixels = pixels.expand(3, -1, -1) if pixels.shape[0] == 1 else pixels[:3]
-        tile = Image.fromarray(pixels.permute(1, 2, 0).cpu().numpy()).resize((cell, cell), Image.Resampling.NEAREST)
-        x, y = (i % columns) * cell, (i // columns) * (cell + LABEL_HEIGHT)
-        canvas.paste(tile, (x, y))
-        draw.text((x + 2, y + cell + 1), label[: cell // 6], fill="black")
-    return canvas
-
-
-def signal_grid(signals: Tensor, labels: Sequence[str], cell: int = 96, columns: int = 8) -> Image.Image:
-    """1-D samples (N x C x L) as small line plots, one colour per channel, each scaled to its own
-    range (negative values kept, the zero line drawn grey), with its label underneath."""
-    n = len(signals)
-    columns = min(columns, n)
-    rows = math.ceil(n / columns)
-    canvas = Image.new("RGB", (columns * cell, rows * (cell + LABEL_HEIGHT)), "white")
-    draw = ImageDraw.Draw(canvas)
-    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
-    for i, (signal, label) in enumerate(zip(signals, labels, strict=True)):
-        x0, y0 = (i % columns) * cell, (i // columns) * (cell + LABEL_HEIGHT)
-        low, high = float(signal.min()), float(signal.max())
-        top, scale = y0 + 2 + (cell - 5) * high / (high - low or 1.0), (cell - 5) / (high - low or 1.0)
-        draw.rectangle((x0, y0, x0 + cell - 1, y0 + cell - 1), outline="lightgrey")
-        if low < 0 < high:
-            draw.line([(x0, top), (x0 + cell - 1, top)], fill="lightgrey")
-        step = (cell - 5) / max(1, signal.shape[-1] - 1)
-        for channel, values in enumerate(signal[:5]):
-            points = [(x0 + 2 + k * step, top - scale * float(v)) for k, v in enumerate(values)]
-            draw.line(points, fill=colours[channel], width=1)
-        draw.text((x0 + 2, y0 + cell + 1), label[: cell // 6], fill="black")
-    return canvas
-
-
-def confusion_image(matrix: Tensor, class_names: Sequence[str], cell: int = 36) -> Image.Image:
-    """Rows are true classes, columns predictions; shade = share of the row, number = count."""
-    k = len(matrix)
-    margin = 60
-    canvas = Image.new("RGB", (margin + k * cell, margin + k * cell), "white")
-    draw = ImageDraw.Draw(canvas)
-    counts = matrix.cpu().long()
-    shares = counts.float() / counts.sum(dim=1, keepdim=True).clamp(min=1)
-    draw.text((margin, 2), "predicted ->", fill="black")
-    draw.text((2, margin - 14), "true", fill="black")
-    for i in range(k):
-        draw.text((margin + i * cell + 2, margin - 14), class_names[i][:5], fill="black")
-        draw.text((2, margin + i * cell + cell // 3), class_names[i][:9], fill="black")
-        for j in range(k):
-            level = int(255 * (1 - float(shares[i, j])))
-            box = (margin + j * cell, margin + i * cell, margin + (j + 1) * cell - 1, margin + (i + 1) * cell - 1)
-            draw.rectangle(box, fill=(level, level, 255), outline="grey")
-            draw.text(
-                (box[0] + 3, box[1] + cell // 3), str(int(counts[i, j])), fill="black" if level > 100 else "white"
-            )
-    return canvas
 
 
 def log_image(trainer: Trainer, key: str, image: Image.Image) -> None:
@@ -114,10 +44,10 @@ class BatchGrid(Callback):
 
     Args:
         max_images: Number of images shown.
-        cell: Pixel size of each image in the grid.
+        cell: Size of each image in the saved picture, in pixels (1-D samples get 1.5 times that).
     """
 
-    def __init__(self, max_images: int = 32, cell: int = 64) -> None:
+    def __init__(self, max_images: int = 32, cell: int = 96) -> None:
         self.max_images = max_images
         self.cell = cell
         self.done = False
@@ -141,14 +71,13 @@ class BatchGrid(Callback):
         labels = [names[i] if i < len(names) else str(i) for i in y.tolist()]
         x = x * std + mean
         if x.ndim == 4:
-            image = image_grid(x, labels, cell=self.cell)
+            figure = figures.image_grid(x, labels, cell=self.cell / figures.DPI)
         else:
-            image = signal_grid(x if x.ndim == 3 else x.unsqueeze(1), labels, cell=self.cell * 3 // 2)
+            figure = figures.signal_grid(
+                x if x.ndim == 3 else x.unsqueeze(1), labels, cell=1.5 * self.cell / figures.DPI
+            )
         self.path = Path(trainer.default_root_dir) / "batch_grid.png"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(self.path) as partial:
-            image.save(partial)
-        log_image(trainer, "batch_grid", image)
+        log_image(trainer, "batch_grid", figures.save(figure, self.path))
 
 
 class ConfusionMatrixReport(Callback):
@@ -171,13 +100,12 @@ class ConfusionMatrixReport(Callback):
         if not trainer.is_global_zero:
             return
         names = class_names(trainer, len(self.matrix))
-        image = confusion_image(self.matrix, names)
         # one file per tested checkpoint: the test after fit may score both the best and the last
         weights = Path(trainer.ckpt_path).stem if trainer.ckpt_path else None
+        correct, total = int(self.matrix.diagonal().sum()), int(self.matrix.sum())
+        title = f"test: {correct} of {total} right ({correct / max(total, 1):.4f}), weights {weights or 'in memory'}"
         self.path = Path(trainer.default_root_dir) / f"confusion_matrix{f'-{weights}' if weights else ''}.png"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with written_whole(self.path) as partial:  # a full disk left a 0-byte PNG
-            image.save(partial)
+        image = figures.save(figures.confusion_figure(self.matrix, names, title), self.path)
         log_image(trainer, "test/confusion_matrix", image)
         self._print_table(self.matrix, names, f" ({weights}.ckpt)" if weights else "")
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
-from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
@@ -71,42 +70,54 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     return path
 
 
-def _chart(bars: list[tuple[str, float]], title: str, width: int = 480) -> Image.Image:
-    """Horizontal bars with their labels and values."""
-    row = 18
-    canvas = Image.new("RGB", (width, 30 + row * max(1, len(bars))), "white")
-    draw = ImageDraw.Draw(canvas)
-    draw.text((6, 6), title, fill="black")
-    top = max((v for _, v in bars), default=1.0) or 1.0
-    for i, (label, value) in enumerate(bars):
-        y = 26 + i * row
-        draw.rectangle((200, y, 200 + int((width - 260) * value / top), y + row - 4), fill=(90, 120, 200))
-        draw.text((6, y), label[-32:], fill="black")
-        draw.text((width - 54, y), f"{value:.3f}", fill="black")
-    return canvas
+def _pyplot() -> Any:
+    """pyplot for Optuna's plots: drawn to files by a command (Agg), a notebook's own backend left as it is."""
+    import matplotlib
+
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
-def history_image(values: list[tuple[int, float]], direction: str, width: int = 480, height: int = 240) -> Image.Image:
-    """Each trial's value (dots) and the best so far (line), against the trial number."""
-    canvas = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(canvas)
-    draw.text((6, 6), "optimisation history (dots: trials, line: best so far)", fill="black")
-    if not values:
-        return canvas
-    low, high = min(v for _, v in values), max(v for _, v in values)
-    span, last = (high - low) or 1.0, max(n for n, _ in values) or 1
-    at = lambda n, v: (40 + (width - 60) * n / last, height - 20 - (height - 50) * (v - low) / span)  # noqa: E731
-    best, line = math.inf if direction == "minimize" else -math.inf, []
-    for n, v in values:
-        best = min(best, v) if direction == "minimize" else max(best, v)
-        line.append(at(n, best))
-        x, y = at(n, v)
-        draw.ellipse((x - 3, y - 3, x + 3, y + 3), fill=(90, 120, 200))
-    if len(line) > 1:
-        draw.line(line, fill=(200, 60, 60), width=2)
-    draw.text((4, 24), f"{high:.4g}", fill="black")
-    draw.text((4, height - 18), f"{low:.4g}", fill="black")
-    return canvas
+def sweep_figures(study: Any, sweep: Sweep) -> dict[str, Any]:
+    """Optuna's own plots: the optimisation history and, from two finished trials on, the parameter importances
+    (fANOVA), titled with the sweep and its metric, parameters by their full keys; Optuna's style stays inside."""
+    import matplotlib
+    import optuna
+    from optuna.visualization import matplotlib as plots
+
+    _pyplot()
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    drawings = {"history": lambda: plots.plot_optimization_history(study, target_name=sweep.metric)}
+    if len(complete) >= 2 and sweep.space:
+        drawings["importance"] = lambda: plots.plot_param_importances(study, target_name=sweep.metric)
+    drawn = {}
+    with matplotlib.rc_context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for name, draw in drawings.items():
+            try:
+                ax = draw()
+            except (RuntimeError, ValueError):  # too few distinct values to tell importances apart
+                continue
+            ax.set_title(f"{ax.get_title()}: sweep {sweep.name}, {sweep.metric} ({sweep.direction})")
+            figure: Any = ax.figure
+            figure.set_size_inches(9, 4.5)
+            drawn[name] = figure
+    return drawn
+
+
+def write_pictures(study: Any, sweep: Sweep, sweep_dir: Path) -> list[Path]:
+    """``history.png`` and ``importance.png`` in the sweep folder (the figures closed once written)."""
+    from kiln import figures
+
+    written = []
+    for name, figure in sweep_figures(study, sweep).items():
+        figures.save(figure, sweep_dir / f"{name}.png")
+        _pyplot().close(figure)
+        written.append(sweep_dir / f"{name}.png")
+    return written
 
 
 def _wandb_project(config: dict[str, Any]) -> str | None:
@@ -144,8 +155,6 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
 
 def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
     """Print the trials table; write ``best.yaml``, ``history.png`` and ``importance.png`` in the sweep folder."""
-    import optuna
-
     trials = study.get_trials(deepcopy=False)
     table = Table(title=f"Sweep {sweep.name}: {sweep.metric} ({sweep.direction})", title_justify="left")
     for column in ("trial", "state", sweep.metric, "seconds", "parameters / note"):
@@ -158,21 +167,12 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
         table.add_row(str(t.number), t.state.name, value, str(t.user_attrs.get("seconds", "-")), note)
     Console(file=sys.stderr).print(table)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    complete = [(t.number, float(t.value)) for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-    with written_whole(sweep_dir / "history.png") as partial:
-        history_image(complete, sweep.direction).save(partial)
-    if len(complete) >= 2 and sweep.space:
-        try:
-            importances = optuna.importance.get_param_importances(study)
-        except (RuntimeError, ValueError):  # too few distinct values to tell
-            importances = {}
-        with written_whole(sweep_dir / "importance.png") as partial:
-            _chart(sorted(importances.items(), key=lambda kv: -kv[1]), "parameter importance (fANOVA)").save(partial)
+    pictures = write_pictures(study, sweep, sweep_dir)
     found = best_run(study)
     if found is None:
         return
     best, run_dir, config = found
-    log_to_wandb(study, config, sweep, sweep_dir, [sweep_dir / "history.png", sweep_dir / "importance.png"])
+    log_to_wandb(study, config, sweep, sweep_dir, pictures)
     path = write_best(best, run_dir, config, sweep, sweep_dir)
     print(f"best: trial {best.number}, {sweep.metric} {best.value:.6g}; rerun it with kiln fit -c {path}",
           file=sys.stderr)  # fmt: skip
