@@ -2,7 +2,9 @@
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 
-UV := $(shell command -v uv 2>/dev/null || echo python3 -m uv)
+# uv on PATH; else the one `make install` put in the user's bin folder (not on PATH everywhere); else a module
+# of python3 (no `python3 -m uv` first: under `uv run` or an activated .venv, python3 is the venv's, without uv)
+UV := $(shell command -v uv 2>/dev/null || { u="$$(python3 -m site --user-base 2>/dev/null)/bin/uv"; [ -x "$$u" ] && echo "$$u"; } || echo python3 -m uv)
 # the uv that writes uv.lock (pyproject.toml's required-version), so one `uv add` changes only its own lines
 UV_VERSION := 0.13.9
 EXP ?=

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 from PIL import Image
 from torch.optim import Optimizer
 
+from kiln import results
 from kiln.boundary import main
 from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, OverfitReport
 from kiln.callbacks.batch_checks import check_batch
@@ -55,6 +56,8 @@ def test_nan_at_step_k_stops_there_and_no_checkpoint_holds_it(
     assert len(error) == 1
     assert f"non-finite training step {k} " in error[0] and "loss=nan" in error[0]
     assert "first non-finite gradient: net." in error[0]
+    (run_dir,) = Path("runs/digits").iterdir()
+    assert results.status(run_dir) == ("failed", error[0])  # what kiln.results lists for the run
     checkpoints = list(Path("runs/digits").glob("*/checkpoints/*.ckpt"))
     assert {p.name.split("-")[0] for p in checkpoints} == {"best", "last.ckpt"}
     for path in checkpoints:

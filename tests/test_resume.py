@@ -16,6 +16,7 @@ import torch
 from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
+from kiln import results
 from kiln.cli import build_cli
 
 
@@ -159,6 +160,8 @@ def test_signal_saves_and_the_same_command_resumes_exactly(
     run_dir = tmp_path / "runs" / "digits" / "job-777"  # a requeued job finds its folder by job id
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["global_step"] == 8
     assert [p.name for p in (run_dir / "checkpoints").glob("last*")] == ["last.ckpt"]  # the resume never versions it
+    assert results.status(run_dir)[0] == "interrupted"  # what kiln.results lists for the run
+    assert results.runs(tmp_path / "runs").resumable.tolist() == [True]
     requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
     assert requeued == ("requeue 777\n" if name == "SIGUSR1" else "")
 
@@ -168,6 +171,7 @@ def test_signal_saves_and_the_same_command_resumes_exactly(
     assert [p.name for p in (run_dir / "checkpoints").glob("last*")] == ["last.ckpt"]
     ids = {p.name.rsplit("-", 1)[-1] for p in run_dir.glob("wandb/offline-run-*")}
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2 and len(ids) == 1  # one W&B run, continued
+    assert results.status(run_dir) == ("finished", "")
 
     assert_bitwise_equal(final_state(str(run_dir)), final_state(str(uninterrupted_job)))  # with 0 workers: any count
 

@@ -36,6 +36,9 @@ SIGNAL_EXIT = {"SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+own_runs = False  # the command (sweep, multirun) runs `kiln fit` itself and records each run's end
+
+
 def _command(argv: list[str], given: bool) -> Callable[[], object]:
     """What runs ``argv``'s subcommand (``given``: passed in, not this process's command line, which
     LightningCLI reads itself)."""
@@ -79,11 +82,20 @@ def _unexpected(err: Exception) -> str:
     return f"error: {(os_error(err) if isinstance(err, OSError) else None) or internal_error(err)}"
 
 
+def _record(state: str, detail: str = "") -> None:
+    """How a Lightning command ended, in its run folder (sweep and multirun record each of their runs)."""
+    if not own_runs:
+        runs.record_status(state, detail)
+
+
 def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
-    """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file)."""
+    """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file);
+    a run folder that stays records how its command ended (sweep and multirun record their own runs')."""
     if remove_run and (removed := runs.remove_failed_run()):
         print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
-    print(message() if callable(message) else message, file=sys.stderr)
+    line = message() if callable(message) else message
+    _record("failed" if remove_run else "interrupted", line)
+    print(line, file=sys.stderr)
     sys.exit(code)
 
 
@@ -96,8 +108,11 @@ def main(args: list[str] | None = None) -> None:
         args = argv
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
+    global own_runs
+    own_runs = bool(argv[:1] and argv[0] in COMMANDS)
     try:
         _command(argv, given=args is not None)()
+        _record("finished")
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
     except KilnError as err:
@@ -106,12 +121,14 @@ def main(args: list[str] | None = None) -> None:
         _leave(str(stop), SIGNAL_EXIT[stop.signal_name], remove_run=False)
     except Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
         sys.exit(stop.code)
-    except Preempted:
+    except Preempted as stop:
+        _record("interrupted", f"SIGUSR1: {stop}")
         sys.exit(SIGNAL_EXIT["SIGUSR1"])  # PreemptionCheckpoint said where it saved
     except KeyboardInterrupt:
         _leave("stopped (Ctrl-C)", 130, remove_run=False)
     except SystemExit as stop:
         if type(stop).__name__ == "SIGTERMException":  # Lightning's: PreemptionCheckpoint said where it saved
+            _record("interrupted", "SIGTERM")
             sys.exit(SIGNAL_EXIT["SIGTERM"])
         raise
     except Exception as err:  # an OSError a user can act on, or an internal error

@@ -38,8 +38,9 @@ def _grid(n: int, columns: int, cell: float) -> tuple[Figure, list[Axes]]:
 
 
 def _caption(label: str, cell: float) -> str:
-    """The whole label, wrapped to the width of its panel (a 7-point character is about 1/17 inch wide)."""
-    return textwrap.fill(label, width=max(4, int(cell * 17)))
+    """The whole label, each of its lines wrapped to the width of its panel (a 7-point character is about
+    1/17 inch wide)."""
+    return "\n".join(textwrap.fill(line, width=max(4, int(cell * 17))) for line in label.split("\n"))
 
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:

@@ -35,6 +35,11 @@ class RunLayout:
         return self.root / "metrics.json"
 
     @property
+    def status(self) -> Path:
+        """How the last command in this folder ended (``record_status``)."""
+        return self.root / "status.json"
+
+    @property
     def wandb(self) -> Path:
         return self.root / "wandb"
 
@@ -45,6 +50,7 @@ def layout(run_dir: str | Path) -> RunLayout:
 
 
 created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
+this_run: Path | None = None  # the run folder of this process's current command, created or resumed
 created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
 
 
@@ -69,8 +75,8 @@ def _job_id() -> str | None:
 
 def new_command() -> None:
     """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
-    global created
-    created = None
+    global created, this_run
+    created = this_run = None
 
 
 def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, prefix: str = "") -> Path:
@@ -82,13 +88,15 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
     workers (``LOCAL_RANK`` > 0) inherit it. Cluster launches, whose processes start
     independently, use the job id instead, so a requeued SLURM job finds its old folder.
     """
+    global created, created_top, this_run
     inherited = os.environ.get(RUN_DIR_ENV)
     if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return Path(inherited)
     if resume is not None:  # a resumed run goes on in its own folder
         os.environ[RUN_DIR_ENV] = str(resume)
+        this_run = resume
+        record_status("running")
         return resume
-    global created, created_top
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
     created_top = _first_missing(base)
     job = _job_id()
@@ -109,6 +117,8 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
                 run_dir, n = base / f"{stamp}_{n}", n + 1
         created = run_dir
     os.environ[RUN_DIR_ENV] = str(run_dir)
+    this_run = run_dir
+    record_status("running")  # until the command says how it ended; a kill -9 leaves it so
     return run_dir
 
 
@@ -116,6 +126,26 @@ def current_run_dir() -> Path | None:
     """The run folder of the command in this process, if it got one."""
     exported = os.environ.get(RUN_DIR_ENV)
     return created or (Path(exported) if exported else None)
+
+
+def record_status(state: str, detail: str = "", run_dir: str | Path | None = None) -> None:
+    """``status.json`` in this command's run folder (rank 0 only): ``running`` from its start, then how the
+    command ended, ``finished``, ``failed`` or ``interrupted``, with its one line; what ``kiln.results`` lists.
+    ``run_dir``: a run's own folder (``RunMetrics`` records a fit called from a notebook, outside a command)."""
+    import json
+    from datetime import datetime, timezone
+
+    from kiln.files import written_whole
+
+    folder = Path(run_dir) if run_dir is not None else this_run
+    if folder is None or not folder.is_dir() or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    record = {"status": state, "detail": detail, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        with written_whole(layout(folder).status) as partial:
+            partial.write_text(json.dumps(record, indent=2) + "\n")
+    except OSError:  # a full disk: the run's other files say what they can
+        pass
 
 
 def remove_failed_run() -> Path | None:

@@ -1,4 +1,5 @@
-"""``metrics.json`` for every ``fit``: best and last validation metrics, epochs, steps and wall time."""
+"""``metrics.json`` for every ``fit``: best and last validation metrics, epochs, steps and wall time; and
+``status.json``: how the fit ended, also when a notebook calls ``trainer.fit`` outside a ``kiln`` command."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from kiln.errors import Preempted, Stopped
+from kiln.runs import record_status
 from kiln.testing import update_metrics
 
 
@@ -42,9 +45,16 @@ class RunMetrics(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.history, self.seconds = list(state_dict["history"]), float(state_dict["seconds"])
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if trainer.is_global_zero:  # the `kiln` command, when there is one, records its own line after this
+            stopped = isinstance(exception, Stopped | Preempted | KeyboardInterrupt | SystemExit)
+            line = str(exception).splitlines()[0] if str(exception) else type(exception).__name__
+            record_status("interrupted" if stopped else "failed", line, trainer.default_root_dir)
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero:
             return
+        record_status("finished", "", trainer.default_root_dir)
         checkpoint = trainer.checkpoint_callback
         monitor = getattr(checkpoint, "monitor", None) or "val/loss"
         mode = getattr(checkpoint, "mode", "min")

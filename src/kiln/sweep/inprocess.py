@@ -11,8 +11,10 @@ import subprocess
 import sys
 from typing import Any
 
-from kiln import process_group
-from kiln.errors import Interrupted, KilnError
+from kiln import process_group, runs
+from kiln.errors import Interrupted, KilnError, Preempted, Stopped
+
+STOPPED = (Stopped, Preempted, Interrupted)
 
 
 def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -29,7 +31,16 @@ def fit(args: list[str]) -> Any:
     process_group.inside_command = True
     try:
         with argv_hidden():
-            return build_cli(["fit", *args])
+            cli = build_cli(["fit", *args])
+        runs.record_status("finished")
+        return cli
+    except Exception as err:  # a stop, a user error or a crash: the run's folder says which
+        line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        runs.record_status("interrupted" if isinstance(err, STOPPED) else "failed", line)
+        raise
+    except BaseException as err:  # Ctrl-C, Lightning's SIGTERMException (a SystemExit)
+        runs.record_status("interrupted", type(err).__name__)
+        raise
     finally:
         process_group.inside_command = False
 

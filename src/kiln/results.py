@@ -1,0 +1,230 @@
+"""Runs, sweeps and multiruns as tables and plots, read from the files they wrote (no server, no logger needed):
+the API behind ``notebooks/results.ipynb``.
+
+    from kiln import results
+    table = results.runs()                                  # one row per run folder under runs/
+    results.plot_curves(table.path[:3], "val/loss")         # learning curves, overlaid
+    results.config_diff(table.path[0], table.path[1])       # the settings that differ
+    study = results.sweep("digits"); results.trials(study)  # a sweep's Optuna study and its trials
+    results.multirun("width")                               # a multirun's mean ± 95% CI per cell
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from kiln.runs import PARTIAL, layout, partial_data
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+    from matplotlib.axes import Axes
+
+STEP, EPOCH = "trainer/global_step", "epoch"
+
+
+def flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"model.init_args.optimizer.init_args.lr": 0.001, …}``."""
+    if isinstance(node, dict) and node:
+        return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): node}
+
+
+def config(run_dir: str | Path) -> dict[str, Any]:
+    """A run's settings (its ``config.yaml``), flattened to dotted keys."""
+    path = Path(run_dir) / "config.yaml"
+    return flat(yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def status(run_dir: str | Path) -> tuple[str, str]:
+    """How the run's last command ended, and its line: ``finished``, ``failed``, ``interrupted`` or ``running``
+    as recorded (``running``: still, or killed without a word); for a folder without a record, ``finished`` when
+    it was tested, ``failed`` when it left a traceback, ``resumable`` when it saved a training state."""
+    run = layout(run_dir)
+    if run.status.is_file():
+        record = json.loads(run.status.read_text())
+        return str(record["status"]), str(record.get("detail", ""))
+    if "test" in _metrics(run.root):
+        return "finished", ""
+    if errors := sorted(run.root.glob("error-*.log")):
+        return "failed", f"traceback in {errors[-1].name}"
+    if run.last.is_file():
+        return "resumable", ""
+    return "unknown", ""
+
+
+def _metrics(run_dir: Path) -> dict[str, Any]:
+    path = layout(run_dir).metrics
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def run_folders(root: str | Path = "runs") -> list[Path]:
+    """Every run folder under ``root`` (a folder with a ``config.yaml``: fits, trials, multirun runs), oldest first."""
+    found = [p.parent for p in Path(root).glob("**/config.yaml") if "wandb" not in p.parts]
+    return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
+
+
+def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd.DataFrame:
+    """One row per run: experiment, run, status, resumable, what data it trained on, the logger files it
+    left (``csv``, ``wandb``, ``tensorboard``: what :func:`history` reads), epochs, steps, seconds,
+    its metrics by weights (``val/loss @best``, ``test/acc @best``, ``test/acc @last``) and config keys:
+    ``"varying"`` (those that differ between the runs listed), ``"all"``, or the keys named; ``path`` last."""
+    import pandas as pd
+
+    from kiln.sweep.multirun import run_metrics
+
+    rows, configs, folders = [], [], run_folders(root)
+    for run_dir in folders:
+        state, detail = status(run_dir)
+        data, settings = _metrics(run_dir), config(run_dir)
+        partial = partial_data({key.removeprefix("trainer."): settings.get(key) for key in _trainer_keys(settings)})
+        rows.append({
+            "experiment": str(run_dir.parent.relative_to(root)), "run": run_dir.name, "status": state,
+            "detail": detail, "resumable": state != "finished" and layout(run_dir).last.is_file(),
+            "data": partial or "all", "logged": log_files(run_dir)[0], "epochs": data.get("epochs"),
+            "steps": data.get("global_step"), "seconds": data.get("wall_seconds"), **run_metrics(run_dir),
+        })  # fmt: skip
+        configs.append(settings)
+    table = pd.DataFrame(rows)
+    settings = pd.DataFrame(configs).map(lambda v: json.dumps(v) if isinstance(v, list | dict) else v)
+    if isinstance(keys, str) and keys == "varying":
+        chosen = [k for k in settings.columns if settings[k].astype(str).nunique(dropna=False) > 1]
+    else:
+        chosen = list(settings.columns) if isinstance(keys, str) and keys == "all" else list(keys)
+    table = pd.concat([table, settings.reindex(columns=chosen)], axis=1)
+    table["path"] = [str(p) for p in folders]
+    return table
+
+
+def _trainer_keys(settings: dict[str, Any]) -> list[str]:
+    return [f"trainer.{key}" for key in PARTIAL if f"trainer.{key}" in settings]
+
+
+def history(run_dir: str | Path) -> pd.DataFrame:
+    """Every logged step of a run, one row each (``trainer/global_step``, ``epoch`` and the metrics), read from
+    what its logger wrote: ``metrics.csv`` (CSV), W&B's offline run file, or TensorBoard's event file."""
+    import pandas as pd
+
+    kind, files = log_files(run_dir)
+    if kind == "csv":
+        table = pd.read_csv(files[-1]).rename(columns={"step": STEP})
+    elif kind == "wandb":
+        from kiln.wandb_offline import history as wandb_history
+
+        table = pd.DataFrame(wandb_history(files[-1]))
+        table = table.drop(columns=[c for c in table.columns if c.startswith("_")])
+    elif kind == "tensorboard":
+        table = _tensorboard(files)
+    else:
+        raise FileNotFoundError(f"{run_dir}: no metrics.csv, W&B run file or TensorBoard events (logger off?)")
+    return table.sort_values(STEP, kind="stable").reset_index(drop=True) if STEP in table else table
+
+
+def log_files(run_dir: str | Path) -> tuple[str | None, list[Path]]:
+    """What the run's logger wrote that holds its history: ``csv``, ``wandb`` or ``tensorboard``, and the files."""
+    from kiln.wandb_offline import run_file
+
+    run_dir = Path(run_dir)
+    if csvs := sorted(run_dir.glob("**/metrics.csv")):
+        return "csv", csvs
+    if (found := run_file(run_dir)) is not None:
+        return "wandb", [found]
+    if events := sorted(run_dir.glob("**/events.out.tfevents.*")):
+        return "tensorboard", events
+    return None, []
+
+
+def _tensorboard(files: list[Path]) -> pd.DataFrame:
+    """The scalars of every event file of the run (TensorBoard starts one per command: fit's, the test's)."""
+    import pandas as pd
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = []
+    for events in files:
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags = accumulator.Tags()["scalars"]
+        rows += [{STEP: e.step, tag: e.value} for tag in tags for e in accumulator.Scalars(tag)]
+    return pd.DataFrame(rows).groupby(STEP, as_index=False).first() if rows else pd.DataFrame(columns=[STEP])
+
+
+def curve(run_dir: str | Path, metric: str, x: str = STEP) -> pd.DataFrame:
+    """One metric of a run against ``x`` (``trainer/global_step`` or ``epoch``): the logged points only."""
+    table = history(run_dir)
+    if metric not in table:
+        logged = sorted(c for c in table.columns if c not in (STEP, EPOCH))
+        raise KeyError(f"{run_dir}: {metric!r} was never logged; it logged {', '.join(logged)}")
+    return table[[x, metric]].dropna().drop_duplicates(subset=[x], keep="last")
+
+
+def plot_curves(run_dirs: Iterable[str | Path], metric: str, x: str = STEP, ax: Axes | None = None) -> Axes:
+    """``metric`` of each run against ``x``, overlaid, each line labelled with its run."""
+    if ax is None:
+        from matplotlib.figure import Figure
+
+        ax = Figure(figsize=(7, 4), layout="constrained").subplots()
+    for run_dir in run_dirs:
+        points = curve(run_dir, metric, x)
+        ax.plot(points[x], points[metric], marker="." if len(points) < 30 else None,
+                label=f"{Path(run_dir).parent.name}/{Path(run_dir).name}")  # fmt: skip
+    ax.set_xlabel(x)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} by {x}")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def pictures(run_dir: str | Path) -> list[Path]:
+    """The pictures a run drew (batch grid, a confusion matrix per tested checkpoint), oldest first."""
+    return sorted(Path(run_dir).glob("*.png"), key=lambda p: p.stat().st_mtime)
+
+
+def config_diff(a: str | Path, b: str | Path) -> pd.DataFrame:
+    """The settings that differ between two runs, one row per key (``(unset)`` where one run lacks it)."""
+    import pandas as pd
+
+    left, right = config(a), config(b)
+    keys = sorted(k for k in left.keys() | right.keys() if left.get(k, "(unset)") != right.get(k, "(unset)"))
+    names = (Path(a).name, Path(b).name) if Path(a).name != Path(b).name else (str(a), str(b))
+    return pd.DataFrame({"key": keys, names[0]: [left.get(k, "(unset)") for k in keys],
+                         names[1]: [right.get(k, "(unset)") for k in keys]}).set_index("key")  # fmt: skip
+
+
+def sweep(name: str | Path, root: str | Path = "runs/sweeps") -> optuna.Study:
+    """A sweep's Optuna study, by its name under ``root`` or its folder; read only, never a new one."""
+    import optuna
+
+    folder = Path(name) if Path(name).is_dir() else Path(root) / str(name)
+    database = folder / "study.db"
+    if not database.is_file():
+        raise FileNotFoundError(f"{database}: no sweep there (kiln sweep -c configs/sweep/<name>.yaml makes one)")
+    storage = optuna.storages.RDBStorage(f"sqlite:///{database}", skip_table_creation=True)
+    return optuna.load_study(study_name=None if len(storage.get_all_studies()) == 1 else folder.name, storage=storage)
+
+
+def trials(study: optuna.Study) -> pd.DataFrame:
+    """A study's trials: number, state, value, duration, parameters and each trial's run folder."""
+    table = study.trials_dataframe(attrs=("number", "state", "value", "duration", "params", "user_attrs"))
+    return table.drop(columns=[c for c in table.columns if c.startswith("user_attrs_") and c != "user_attrs_run"])
+
+
+def multirun(name: str | Path, root: str | Path = "runs/multirun", raw: bool = False) -> pd.DataFrame:
+    """A multirun's results: ``mean ± ci95`` (95% CI, Student's t) per cell (rows) and metric (columns), the
+    metrics named by their weights (``@best``, ``@last``); ``raw``: ``results.csv`` as it is (mean, std, ci95, n)."""
+    import pandas as pd
+
+    folder = Path(name) if Path(name).is_dir() else Path(root) / str(name)
+    path = folder / "results.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no multirun results there (kiln multirun … --name <name> writes them)")
+    table = pd.read_csv(path)
+    if raw:
+        return table
+    shown = zip(table["mean"], table["ci95"], table["n"], strict=True)
+    table["mean ± ci95"] = [f"{m:.4f} ± {c:.4f} (n={n})" if n > 1 else f"{m:.4f} (n=1)" for m, c, n in shown]
+    return table.pivot(index="cell", columns="metric", values="mean ± ci95")

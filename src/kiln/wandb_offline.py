@@ -1,0 +1,72 @@
+"""The metric history of an offline W&B run, read from its ``run-<id>.wandb`` file without a server.
+
+That file is W&B's private format (README, private APIs; tests/test_results.py reads a real one): a 7-byte
+header (``:W&B``, magic, version), then LevelDB-log records (32 KiB blocks; each chunk has a CRC, a length and
+a type: full, first, middle, last) holding ``wandb_internal_pb2.Record`` protobufs; ``history`` records carry one
+logged step each as ``key -> JSON value``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HEADER = 7
+BLOCK = 32 * 1024
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def _records(data: bytes) -> Iterator[bytes]:
+    """The record payloads of a LevelDB log (chunks joined; block tails too short for a chunk skipped)."""
+    position, pieces = HEADER, []
+    while position + HEADER <= len(data):
+        left = BLOCK - position % BLOCK
+        if left < HEADER:
+            position += left
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, position)
+        if kind == 0:  # zero padding up to the next block
+            position += left
+            continue
+        body = data[position + HEADER : position + HEADER + length]
+        position += HEADER + length
+        if kind == FULL:
+            yield body
+        elif kind == FIRST:
+            pieces = [body]
+        elif kind == MIDDLE:
+            pieces.append(body)
+        elif kind == LAST:
+            yield b"".join([*pieces, body])
+            pieces = []
+
+
+def history(path: Path) -> list[dict[str, Any]]:
+    """Every logged step of the offline run file ``path``: one dict per ``log`` call (``_step`` included,
+    pictures and tables left out)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    if not data.startswith(b":W&B"):
+        raise ValueError(f"{path}: not a W&B run file")
+    rows = []
+    for payload in _records(data):
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+        try:
+            record.ParseFromString(payload)
+        except Exception:  # a record cut short by a killed run: the steps before it stand
+            break
+        if record.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            media = {key.removesuffix("/_type") for key in items if key.endswith("/_type")}  # a picture's fields
+            rows.append({key: value for key, value in items.items() if key.rsplit("/", 1)[0] not in media})
+    return rows
+
+
+def run_file(run_dir: Path) -> Path | None:
+    """The newest offline W&B run file of a kiln run folder, if it logged to W&B."""
+    found = sorted(run_dir.glob("wandb/*run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
