@@ -172,7 +172,7 @@ def test_pictures_are_saved_logged_and_of_the_expected_size(monkeypatch: pytest.
     grid, matrix = Image.open(run_dir / "batch_grid.png"), Image.open(run_dir / matrices[-1])
     grid.verify()
     matrix.verify()
-    assert grid.size == (8 * 96, 4 * (96 + 30))  # 32 of the 64 images, 8 columns of 96-pixel cells + captions
+    assert grid.size == (8 * 96, 4 * (96 + 18))  # 32 of the 64 images, 8 columns of 96-pixel cells + captions
     assert matrix.size[0] > 1.8 * matrix.size[1]  # counts beside shares (tests/test_figures.py reads their text)
     media = run_dir.glob("wandb/offline-run-*/files/media/images/**/*.png")
     names = sorted(p.name.rsplit("_", 2)[0] for p in media)

@@ -21,16 +21,25 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DPI = 100  # pixels per inch of a saved picture
+LINE = 0.12  # inches of one line of 7-point text
 CHANNEL_COLOURS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange")
 
 
-def _grid(n: int, columns: int, cell: float) -> tuple[Figure, list[Axes]]:
-    """A figure of ``n`` small panels, ``columns`` wide, each ``cell`` inches with room for a title."""
+def _grid(n: int, columns: int, cell: float, lines: int, ticks: float = 0.0) -> tuple[Figure, list[Axes]]:
+    """A figure of ``n`` panels, ``columns`` wide, each ``cell`` inches with room above for ``lines`` lines of
+    caption and ``ticks`` inches left and below for tick labels; a fixed layout (matplotlib's constrained one
+    costs more than the drawing)."""
     from matplotlib.figure import Figure
 
     columns = max(1, min(columns, n))
     rows = math.ceil(n / columns)
-    figure = Figure(figsize=(columns * cell, rows * (cell + 0.3)), layout="constrained")
+    title = LINE * lines + 0.06  # inches above each panel
+    width, height = columns * cell, rows * (cell + title)
+    figure = Figure(figsize=(width, height))
+    panel_width, panel_height = cell - ticks - 0.04, cell - ticks
+    figure.subplots_adjust(left=(ticks + 0.02) / width, right=1 - 0.02 / width, bottom=(ticks + 0.02) / height,
+                           top=1 - title / height, wspace=(ticks + 0.04) / panel_width,
+                           hspace=(title + ticks) / panel_height)  # fmt: skip
     axes = figure.subplots(rows, columns, squeeze=False).ravel().tolist()
     for extra in axes[n:]:
         extra.set_visible(False)
@@ -44,27 +53,40 @@ def _caption(label: str, cell: float) -> str:
 
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:
-    """Images in [0, 1] (N x C x H x W), each titled with its full label."""
-    figure, axes = _grid(len(images), columns, cell)
-    for ax, image, label in zip(axes, images, labels, strict=True):
-        pixels = image.detach().float().clamp(0, 1).cpu()
-        if pixels.shape[0] == 1:
-            ax.imshow(pixels[0].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        else:
-            ax.imshow(pixels[:3].permute(1, 2, 0).numpy(), interpolation="nearest")
-        ax.set_title(_caption(label, cell), fontsize=7)
-        ax.set_axis_off()
+    """Images in [0, 1] (N x C x H x W) tiled into one picture (one axes: a grid of axes costs more than
+    the drawing), each under its full label; ``cell`` inches a tile, shown pixel for pixel."""
+    import torch.nn.functional as F
+    from matplotlib.figure import Figure
+
+    captions = [_caption(label, cell) for label in labels]
+    n = len(images)
+    columns = max(1, min(columns, n))
+    rows = math.ceil(n / columns)
+    size = round(cell * DPI)  # pixels a tile
+    title = round((LINE * max(c.count("\n") + 1 for c in captions) + 0.06) * DPI)
+    tiles = F.interpolate(images.detach().float().cpu().clamp(0, 1), size=(size - 4, size - 4), mode="nearest")
+    tiles = tiles.expand(-1, 3, -1, -1) if tiles.shape[1] == 1 else tiles[:, :3]
+    canvas = np.ones((rows * (size + title), columns * size, 3), dtype=np.float32)
+    figure = Figure(figsize=(columns * size / DPI, rows * (size + title) / DPI))
+    ax = figure.add_axes((0, 0, 1, 1))
+    for i, (tile, caption) in enumerate(zip(tiles, captions, strict=True)):
+        x, y = (i % columns) * size, (i // columns) * (size + title)
+        canvas[y + title + 2 : y + title + size - 2, x + 2 : x + size - 2] = tile.permute(1, 2, 0).numpy()
+        ax.text(x + size / 2, y + title - 2, caption, ha="center", va="bottom", fontsize=7)
+    ax.imshow(canvas, interpolation="nearest", extent=(0, canvas.shape[1], canvas.shape[0], 0))
+    ax.set_axis_off()
     return figure
 
 
 def signal_grid(signals: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.5) -> Figure:
     """1-D samples (N x C x L) as small line plots, a colour per channel (five at most), each titled with its label."""
-    figure, axes = _grid(len(signals), columns, cell)
-    for ax, signal, label in zip(axes, signals.detach().float().cpu(), labels, strict=True):
+    captions = [_caption(label, cell) for label in labels]
+    figure, axes = _grid(len(signals), columns, cell, max(c.count("\n") + 1 for c in captions), ticks=0.22)
+    for ax, signal, caption in zip(axes, signals.detach().float().cpu(), captions, strict=True):
         for channel, values in enumerate(signal[: len(CHANNEL_COLOURS)]):
             ax.plot(values.numpy(), color=CHANNEL_COLOURS[channel], linewidth=0.8)
         ax.axhline(0.0, color="lightgrey", linewidth=0.6, zorder=0)
-        ax.set_title(_caption(label, cell), fontsize=7)
+        ax.set_title(caption, fontsize=7, pad=2)
         ax.tick_params(labelsize=5)
     return figure
 
@@ -79,12 +101,17 @@ def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = ""
     shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     k = len(counts)
     longest = max((len(name) for name in class_names), default=1)
-    label_room = 0.3 + 0.075 * min(longest, 40)  # inches for the names under and beside the panel
-    panel = max(2.5, 0.42 * k)
-    figure = Figure(figsize=(2 * (panel + label_room) + 0.6, panel + label_room + 0.6), layout="constrained")
     font = 8 if k <= 20 else 6
-    panels = zip(figure.subplots(1, 2), (counts, shares), ("counts", "share of the true class"), strict=True)
-    for ax, values, name in panels:
+    names = 0.1 + (font + 1) / 72 * 0.6 * min(longest, 60)  # inches the longest name takes beside a panel
+    below = 0.1 + (names * 0.72 if longest > 2 else (font + 1) / 72)  # under it, turned 45 degrees
+    panel, left, top = max(2.5, 0.42 * k), names + 0.35, 0.55  # 0.35: the axis label; 0.55: the titles
+    width, height = 2 * (left + panel) + 0.2, top + panel + below + 0.35
+    figure = Figure(figsize=(width, height))  # a fixed layout: matplotlib's constrained one costs more
+    rects = [((left + i * (left + panel)) / width, (below + 0.35) / height, panel / width, panel / height)
+             for i in range(2)]  # fmt: skip
+    panels = zip(rects, (counts, shares), ("counts", "share of the true class"), strict=True)
+    for rect, values, name in panels:
+        ax = figure.add_axes(rect)
         ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
         for i, j in np.argwhere(values > 0) if k > 20 else np.ndindex(k, k):  # many classes: an empty cell is 0
             if values is shares and k > 30:
@@ -99,7 +126,7 @@ def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = ""
         ax.set_ylabel("true class")
         ax.set_title(name, fontsize=10)
     if title:
-        figure.suptitle(title, fontsize=10)
+        figure.suptitle(title, fontsize=10, y=1 - 0.08 / height, va="top")
     return figure
 
 
@@ -110,18 +137,22 @@ def texts(figure: Figure) -> list[str]:
     return [" ".join(t.get_text().split("\n")) for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
 
 
+def png(figure: Figure, dpi: int = DPI) -> bytes:
+    """The figure as PNG bytes."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})  # fast: written once a run
+    return buffer.getvalue()
+
+
 def to_image(figure: Figure, dpi: int = DPI) -> Image.Image:
     """The figure as a PIL image (what W&B and TensorBoard take)."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    buffer.seek(0)
-    return Image.open(buffer).convert("RGB")
+    return Image.open(io.BytesIO(png(figure, dpi))).convert("RGB")
 
 
-def save(figure: Figure, path: Path, dpi: int = DPI) -> Image.Image:
-    """Write the figure as a PNG whole or not at all (a full disk leaves no 0-byte file); returns the picture."""
-    image = to_image(figure, dpi)
+def save(figure: Figure, path: Path, dpi: int = DPI) -> bytes:
+    """Write the figure as a PNG whole or not at all (a full disk leaves no 0-byte file); returns its bytes."""
+    data = png(figure, dpi)
     path.parent.mkdir(parents=True, exist_ok=True)
     with written_whole(path) as partial:
-        image.save(partial, format="PNG")
-    return image
+        partial.write_bytes(data)
+    return data

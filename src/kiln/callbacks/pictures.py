@@ -20,11 +20,13 @@ from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
 
 
-def log_image(trainer: Trainer, key: str, image: Image.Image) -> None:
-    """Send a picture to every logger that takes pictures (W&B, TensorBoard)."""
+def log_image(trainer: Trainer, key: str, png: bytes) -> None:
+    """Send a picture (PNG bytes) to every logger that takes pictures (W&B, TensorBoard)."""
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-    for logger in trainer.loggers:
+    takers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
+    image = Image.open(io.BytesIO(png)).convert("RGB") if takers else None
+    for logger in takers:
         if isinstance(logger, WandbLogger):
             logger.log_image(key=key, images=[image], step=trainer.global_step)
         elif isinstance(logger, TensorBoardLogger):
