@@ -26,10 +26,25 @@ OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neithe
 
 # what the template folder links to (see its symlinks), and what only the template needs
 # (.gitignore travels as `gitignore`: git refuses a symlinked .gitignore)
-LINKED = [".ci", ".github", "gitignore", ".pre-commit-config.yaml", "Makefile", "README.md", "benchmarks", "configs",
-          "notebooks", "pyproject.toml", "scripts", "src", "tests", "uv.lock"]  # fmt: skip
+LINKED = [".ci", ".devcontainer", ".dockerignore", ".env.example", ".github", "gitignore", ".pre-commit-config.yaml",
+          "Dockerfile", "Makefile", "README.md", "benchmarks", "configs", "notebooks", "pyproject.toml", "scripts",
+          "src", "tests", "uv.lock"]  # fmt: skip
 TEMPLATE_ONLY = ["tests/test_template.py"]
-TEXT_SUFFIXES = {".py", ".toml", ".yaml", ".yml", ".md", ".lock", ".ipynb", ".sh", ".sbatch", ".cfg", ".txt", ""}
+TEXT_SUFFIXES = {
+    ".py",
+    ".toml",
+    ".yaml",
+    ".yml",
+    ".md",
+    ".lock",
+    ".ipynb",
+    ".sh",
+    ".sbatch",
+    ".cfg",
+    ".txt",
+    ".json",
+    "",
+}
 
 
 def fail(message: str) -> None:

@@ -84,10 +84,14 @@ RUN: list[tuple[str, Rule]] = [
     (r"^kiln test --ckpt_path best -c configs/experiment/mnist.yaml$", lambda c, p: f"{kiln(c)} {LIMIT}"),
     (r"^kiln predict --ckpt_path <file> ", lambda c, p: kiln(c).replace(
         "<file>", newest(p, "runs/digits/2*/checkpoints/last.ckpt"))),
+    (r"^kiln diff runs/digits/<run-a> runs/digits/<run-b>$", lambda c, p: kiln(c).replace(
+        "runs/digits/<run-a> runs/digits/<run-b>", " ".join(str(Path(f).parent.parent) for f in sorted(
+            p.glob("runs/digits/2*/checkpoints/last.ckpt"))[-2:]))),
     (r"^make (install|test|test-fast|lint|format|typecheck|bench|gpu-check)$", lambda c, p: c.replace(
         "make ", "make -n ", 1)),  # the target exists and resolves (CI runs them: .ci/run, ci.yml)
 ]  # fmt: skip
 SKIPPED = {  # README line -> why it does not run here
+    r"^docker ": "builds or runs a container image (tests/test_provenance.py checks the Dockerfile statically)",
     r"^python3 -m pip install ": "installs from PyPI (no network in tests)",
     r"gpu\.yaml|TRAINER=gpu": "needs a CUDA GPU (tests/test_trainer_features.py's GPU tests)",
     r"kiln\.nets\.Timm .*weights hub": "fetches pretrained weights "

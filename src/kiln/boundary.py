@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kiln import runs, stop_signals
 from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped
+from kiln.secrets import load_env_file
 
 # subcommand -> the module and function that runs it (fit, validate, test and predict: kiln.cli)
 COMMANDS = {
@@ -31,6 +32,7 @@ COMMANDS = {
     "export": ("kiln.export", "export_command"),  # ONNX and torch.export files, checked against the eager model
     "convert": ("kiln.convert", "main"),  # any datamodule's splits to LitData chunks
     "infer": ("kiln.infer", "infer_command"),  # predictions from an exported model, without torch
+    "diff": ("kiln.diff", "diff_command"),  # what differs between two runs: config, environment, code
 }
 SIGNAL_EXIT = {"SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
 FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -106,6 +108,7 @@ def main(args: list[str] | None = None) -> None:
         argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
         os.environ["KILN_VERBOSE"] = "1"
         args = argv
+    load_env_file()  # the project's .env (WANDB_API_KEY, …): under variables already set
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
     global own_runs

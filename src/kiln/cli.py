@@ -31,10 +31,11 @@ from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import written_whole
 from kiln.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
 from kiln.init_from import load_weights
+from kiln.provenance import write_environment
 from kiln.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.run_paths import RunPaths, class_nodes, is_a
 from kiln.runs import Pick, best_checkpoint, latest_checkpoint, layout, nothing_to_train, partial_data, resolve_run_dir
-from kiln.secrets import redact, redact_text, secret_values
+from kiln.secrets import load_env_file, redact, redact_text, secret_values
 from kiln.shapes import DataLinks, unwrap
 from kiln.testing import TestChoice, read_metrics, test_after_fit
 from kiln.wandb_mode import finish_wandb, start_or_fall_back
@@ -81,17 +82,23 @@ class RunOptions:
 
 
 class WandbConfigSaver(SaveConfigCallback):
-    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted.
+    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted;
+    beside it ``env.json`` and ``code.diff`` (``kiln.provenance``), also in the W&B config.
 
     Built with ``save_to_log_dir=False`` and writing the file itself: a redacted value (a marker in
     place of a number or a dict) would fail the type check Lightning's own save makes.
     """
 
     def __init__(
-        self, parser: LightningArgumentParser, config: Namespace, run_paths: RunPaths | None = None, **kwargs: Any
+        self,
+        parser: LightningArgumentParser,
+        config: Namespace,
+        run_paths: RunPaths | None = None,
+        command: list[str] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(parser, redact(config), **kwargs)
-        self.run_paths = run_paths
+        self.run_paths, self.command = run_paths, command
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
 
@@ -102,11 +109,12 @@ class WandbConfigSaver(SaveConfigCallback):
             dumped = self.run_paths.portable(dumped)
         with written_whole(path) as partial:
             partial.write_text(yaml.safe_dump(dumped, sort_keys=False))
+        environment = write_environment(path.parent, trainer.datamodule, self.command)  # env.json, code.diff
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
                 config = json.loads(dumped)
-                logger.experiment.config.update({"cli": config}, allow_val_change=True)
+                logger.experiment.config.update({"cli": config, "env": environment}, allow_val_change=True)
 
 
 class KilnCLI(LightningCLI):
@@ -124,6 +132,7 @@ class KilnCLI(LightningCLI):
         self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
         runs.new_command()
+        load_env_file()  # a notebook's build_cli reads the project's .env as the `kiln` command does
         quiet_lightning()
         console.begin_command()
         try:
@@ -282,6 +291,7 @@ class KilnCLI(LightningCLI):
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
         run_paths.fill(config, config.run.name)
         self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
+        self.save_config_kwargs["command"] = ["kiln", *self._given]  # env.json: as given (secrets hidden there)
         for stale in remove_stale_temporaries(layout(self.run_dir).checkpoints):
             print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
         if notice := fall_back_from_bf16(config.trainer):

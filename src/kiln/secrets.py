@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
@@ -63,3 +65,27 @@ def redact_text(text: str, secrets: list[str]) -> str:
         if len(secret) >= 4:
             text = text.replace(secret, REDACTED)
     return text
+
+
+def load_env_file(path: str | Path = ".env") -> list[str]:
+    """Put the ``KEY=VALUE`` lines of ``path`` (the project's git-ignored ``.env``: ``# comments``, ``export``,
+    quotes) into the environment, never over a variable already set; returns the names it set. The values are
+    recorded nowhere: a run's files name a variable at most (``.env.example`` lists them)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    names = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.removeprefix("export ").partition("=")
+        key, value = key.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        elif " #" in value:
+            value = value.split(" #", 1)[0].rstrip()
+        if key.isidentifier() and key not in os.environ:
+            os.environ[key] = value
+            names.append(key)
+    return names
