@@ -1,6 +1,7 @@
 """Callbacks that watch a run: health checks, pictures, prediction files."""
 
 from kiln.callbacks.batch_checks import BatchSanityCheck
+from kiln.callbacks.ema import EMA
 from kiln.callbacks.grad_norm import GradNormMonitor
 from kiln.callbacks.last import LastCheckpoint
 from kiln.callbacks.non_finite import NonFiniteGuard
@@ -12,6 +13,7 @@ from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
 from kiln.callbacks.run_metrics import RunMetrics
 
 __all__ = [
+    "EMA",
     "BatchGrid",
     "BatchSanityCheck",
     "ConfusionMatrixReport",

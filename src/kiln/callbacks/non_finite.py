@@ -77,6 +77,9 @@ class NonFiniteGuard(Callback):
         self._buffers: list[tuple[Tensor, Tensor]] = []  # skip: (buffer, its value at the window start)
         self._trainer: Trainer | None = None
         self.gradient_norm = StepGradientNorm()
+        # whether the latest optimizer step was skipped: a bool on the host, a 0-d tensor on the device (deferred);
+        # weight averaging (kiln.callbacks.EMA) leaves its average as it is for such a step
+        self.step_skipped: bool | Tensor = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict (called for every checkpoint) gets no trainer
@@ -97,6 +100,7 @@ class NonFiniteGuard(Callback):
         self._loss = loss.detach() if self.action != "off" else None
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        self.step_skipped = False
         if self.action == "off":
             return
         scaler = _has_grad_scaler(trainer)
@@ -113,6 +117,7 @@ class NonFiniteGuard(Callback):
         message = self._describe(trainer, pl_module)
         if self.action == "skip" and self.skipped < self.max_skips:
             self.skipped += 1
+            self.step_skipped = True
             optimizer.zero_grad(set_to_none=True)  # parameters without gradients are left untouched
             self._restore_buffers()
             self._logged = self.skipped
@@ -138,6 +143,7 @@ class NonFiniteGuard(Callback):
     def _mark_on_device(self, trainer: Trainer, optimizer: Optimizer, total: Tensor, has_grads: bool) -> None:
         """Hand the verdict to the fused step and keep count and the details, all on the device: no host sync."""
         bad = ~torch.isfinite(total)
+        self.step_skipped = bad
         optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # the fused step skips itself on 1
         if optimizer not in self._optimizers:
             self._optimizers.append(optimizer)
