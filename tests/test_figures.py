@@ -42,6 +42,8 @@ def test_batch_grid_captions_are_whole_labels_wrapped_to_the_cell(tmp_path: Path
     assert [t for t in figures.texts(figure) if t in LONG] == labels
     assert figures.save(figure, tmp_path / "grid.png") == (tmp_path / "grid.png").read_bytes()
     assert Image.open(tmp_path / "grid.png").size == (4 * 80, 3 * (80 + 42))  # 0.8 in cells + 3 caption lines
+    for channels in (1, 2, 4):  # any channel count draws (two: the first, grey)
+        assert figures.png(figures.image_grid(torch.rand(3, channels, 8, 8), ["a", "b", "c"]))
     signals = figures.signal_grid(torch.randn(3, 2, 20), ["up", "down", "flat"], columns=8)
     assert [t for t in figures.texts(signals) if t in ("up", "down", "flat")] == ["up", "down", "flat"]
 

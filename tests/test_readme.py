@@ -87,6 +87,9 @@ RUN: list[tuple[str, Rule]] = [
     (r"^kiln diff runs/digits/<run-a> runs/digits/<run-b>$", lambda c, p: kiln(c).replace(
         "runs/digits/<run-a> runs/digits/<run-b>", " ".join(str(Path(f).parent.parent) for f in sorted(
             p.glob("runs/digits/2*/checkpoints/last.ckpt"))[-2:]))),
+    (r"^kiln tune lr -- ", lambda c, p: kiln(c) + " --trainer.limit_train_batches 5"),
+    (r"^kiln fit -c configs/experiment/digits.yaml -c runs/digits/<tune>/tuned.yaml$", lambda c, p: kiln(c).replace(
+        "runs/digits/<tune>", str(Path(newest(p, "runs/digits/tune-*/tuned.yaml")).parent)) + f" {LIMIT}"),
     (r"^make (install|test|test-fast|lint|format|typecheck|bench|gpu-check)$", lambda c, p: c.replace(
         "make ", "make -n ", 1)),  # the target exists and resolves (CI runs them: .ci/run, ci.yml)
 ]  # fmt: skip

@@ -33,6 +33,7 @@ COMMANDS = {
     "convert": ("kiln.convert", "main"),  # any datamodule's splits to LitData chunks
     "infer": ("kiln.infer", "infer_command"),  # predictions from an exported model, without torch
     "diff": ("kiln.diff", "diff_command"),  # what differs between two runs: config, environment, code
+    "tune": ("kiln.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
 SIGNAL_EXIT = {"SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
 FULL = (errno.ENOSPC, errno.EDQUOT)

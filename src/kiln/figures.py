@@ -54,7 +54,8 @@ def _caption(label: str, cell: float) -> str:
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:
     """Images in [0, 1] (N x C x H x W) tiled into one picture (one axes: a grid of axes costs more than
-    the drawing), each under its full label; ``cell`` inches a tile, shown pixel for pixel."""
+    the drawing), each under its full label; ``cell`` inches a tile, shown pixel for pixel. Three channels or
+    more: the first three as RGB; one or two: the first, grey."""
     import torch.nn.functional as F
     from matplotlib.figure import Figure
 
@@ -65,7 +66,7 @@ def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: fl
     size = round(cell * DPI)  # pixels a tile
     title = round((LINE * max(c.count("\n") + 1 for c in captions) + 0.06) * DPI)
     tiles = F.interpolate(images.detach().float().cpu().clamp(0, 1), size=(size - 4, size - 4), mode="nearest")
-    tiles = tiles.expand(-1, 3, -1, -1) if tiles.shape[1] == 1 else tiles[:, :3]
+    tiles = tiles[:, :3] if tiles.shape[1] >= 3 else tiles[:, :1].expand(-1, 3, -1, -1)  # 1 or 2: the first, grey
     canvas = np.ones((rows * (size + title), columns * size, 3), dtype=np.float32)
     figure = Figure(figsize=(columns * size / DPI, rows * (size + title) / DPI))
     ax = figure.add_axes((0, 0, 1, 1))
