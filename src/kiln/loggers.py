@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
+
+from kiln import runs
 
 
 class Wandb(WandbLogger):
@@ -34,8 +37,10 @@ class Wandb(WandbLogger):
             ``never``, ``auto``.
         mode: ``online``, ``offline`` or ``disabled`` (default: ``WANDB_MODE``; kiln picks
             ``offline`` when there is no API key or no server).
-        log_model: Upload checkpoints as W&B artifacts: at the end (``True``) or as they are
-            saved (``"all"``). Offline, every checkpoint is copied into W&B's folder.
+        log_model: Log checkpoints as versions of the W&B model artifact: ``True``, at the end of fit, the
+            best (alias ``best``) and ``last.ckpt`` (alias ``latest``), each with its epoch, step, monitored
+            value, config hash and git commit, each file once; ``"all"``: every checkpoint as it is saved
+            (Lightning's). Offline, W&B keeps them in its folder until ``wandb sync``.
         prefix: Prefix for every logged metric key.
         checkpoint_name: Name of the model artifact (default ``model-<run id>``).
         save_code: Save the main script and the git diff with the run.
@@ -109,4 +114,59 @@ class Wandb(WandbLogger):
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        self._guarded(super().finalize, status)
+        if self._log_model is True:  # kiln's policy: the best checkpoint and the newest state, each file once
+            self._guarded(self._log_best_and_latest, status)
+        else:
+            self._guarded(super().finalize, status)
+
+    def _log_best_and_latest(self, status: str) -> None:
+        """The best checkpoint (alias ``best``) and ``last.ckpt`` (alias ``latest``) as versions of the model
+        artifact, each with where it came from: monitor, score, epoch, step, config and code; a file already
+        logged unchanged (the test after fit finalizes again) is not logged twice. Offline, W&B keeps them in
+        the run's folder until ``wandb sync``."""
+        if status != "success" or self._experiment is None:
+            return
+        import wandb
+
+        callbacks = [c for c in self._checkpoint_callbacks.values() if getattr(c, "best_model_path", "")]
+        best = Path(callbacks[0].best_model_path) if callbacks else None
+        folder = best.parent if best is not None else runs.current_run_dir()
+        if folder is None:
+            return
+        last = (folder if best is not None else runs.layout(folder).checkpoints) / runs.RunLayout.LAST
+        run_dir = last.parent.parent
+        chosen = [
+            (path, aliases) for path, aliases in ((best, ["best"]), (last, ["latest"])) if path and path.is_file()
+        ]
+        for path, aliases in chosen:
+            stamp = path.stat().st_mtime
+            if self._logged_model_time.get(str(path)) == stamp:
+                continue
+            metadata = checkpoint_metadata(path, run_dir, callbacks[0] if callbacks else None)
+            artifact = wandb.Artifact(self._checkpoint_name or f"model-{self.experiment.id}", type="model",
+                                      metadata=metadata)  # fmt: skip
+            artifact.add_file(str(path), name="model.ckpt", policy="immutable")
+            self.experiment.log_artifact(artifact, aliases=aliases)
+            self._logged_model_time[str(path)] = stamp
+
+
+def checkpoint_metadata(path: Path, run_dir: Path, checkpoint_callback: Any | None) -> dict[str, Any]:
+    """Where a checkpoint came from: its file, epoch and step, the monitored value (for the best), the sha256 of
+    the run's config.yaml and the git commit of its env.json."""
+    import hashlib
+    import json
+
+    from kiln.checkpointing import load_checkpoint_file
+
+    state = load_checkpoint_file(path, mmap=True)
+    config = run_dir / "config.yaml"
+    environment = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").is_file() else {}
+    metadata: dict[str, Any] = {
+        "file": path.name, "run": str(run_dir), "epoch": state.get("epoch"), "global_step": state.get("global_step"),
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,
+        "git_commit": (environment.get("code") or {}).get("commit"),
+    }  # fmt: skip
+    if checkpoint_callback is not None and Path(checkpoint_callback.best_model_path) == path:
+        score = checkpoint_callback.best_model_score
+        metadata |= {"monitor": checkpoint_callback.monitor, "score": float(score) if score is not None else None}
+    return metadata

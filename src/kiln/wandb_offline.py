@@ -44,21 +44,39 @@ def _records(data: bytes) -> Iterator[bytes]:
             pieces = []
 
 
-def history(path: Path) -> list[dict[str, Any]]:
-    """Every logged step of the offline run file ``path``: one dict per ``log`` call (``_step`` included,
-    pictures and tables left out)."""
+def records(path: Path) -> Iterator[Any]:
+    """Every record of the offline run file ``path``, parsed (a record cut short by a killed run ends them)."""
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
     if not data.startswith(b":W&B"):
         raise ValueError(f"{path}: not a W&B run file")
-    rows = []
     for payload in _records(data):
         record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         try:
             record.ParseFromString(payload)
-        except Exception:  # a record cut short by a killed run: the steps before it stand
-            break
+        except Exception:
+            return
+        yield record
+
+
+def artifacts(path: Path) -> list[dict[str, Any]]:
+    """The artifacts the offline run logged: name, type, aliases, metadata and the files of each version."""
+    found = []
+    for record in records(path):
+        if record.WhichOneof("record_type") == "artifact":
+            artifact = record.artifact
+            found.append({"name": artifact.name, "type": artifact.type, "aliases": list(artifact.aliases),
+                          "metadata": json.loads(artifact.metadata or "{}"), "digest": artifact.digest,
+                          "files": [entry.path for entry in artifact.manifest.contents]})  # fmt: skip
+    return found
+
+
+def history(path: Path) -> list[dict[str, Any]]:
+    """Every logged step of the offline run file ``path``: one dict per ``log`` call (``_step`` included,
+    pictures and tables left out)."""
+    rows = []
+    for record in records(path):
         if record.WhichOneof("record_type") == "history":
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
             media = {key.removesuffix("/_type") for key in items if key.endswith("/_type")}  # a picture's fields

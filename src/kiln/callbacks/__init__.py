@@ -4,6 +4,7 @@ from kiln.callbacks.batch_checks import BatchSanityCheck
 from kiln.callbacks.ema import EMA
 from kiln.callbacks.grad_norm import GradNormMonitor
 from kiln.callbacks.last import LastCheckpoint
+from kiln.callbacks.mistakes import ConfidentMistakes
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
@@ -16,6 +17,7 @@ __all__ = [
     "EMA",
     "BatchGrid",
     "BatchSanityCheck",
+    "ConfidentMistakes",
     "ConfusionMatrixReport",
     "ExactResume",
     "GradNormMonitor",

@@ -194,9 +194,10 @@ class Classifier(LightningModule):
         self.log("val/loss", self.val_loss)  # epoch means over every sample of every rank, then reset
         self.log("val/acc", self.val_acc, prog_bar=True)
 
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
+    def test_step(self, batch: Batch, batch_idx: int) -> Tensor:
         logits = self._evaluate(batch, self.test_loss, self.test_acc)
         self.test_confusion.update(logits, batch[1])
+        return logits  # for callbacks (ConfidentMistakes); Lightning keeps no test outputs
 
     def on_test_epoch_end(self) -> None:
         self.log("test/loss", self.test_loss)
