@@ -85,6 +85,7 @@ def test_the_recorded_command_line_hides_every_secret() -> None:
     assert not any("s3" in arg for arg in shown) and any('"depth": 2' in arg for arg in shown)
 
 
+@pytest.mark.slow
 def test_kiln_diff_names_the_config_environment_and_code_differences(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -27,6 +27,7 @@ def tuned(capsys: pytest.CaptureFixture, *args: str) -> tuple[Path, float]:
     return folder, rate
 
 
+@pytest.mark.slow
 def test_the_range_test_suggests_a_rate_and_a_fit_after_it_is_the_fit_without_it(
     capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
