@@ -8,7 +8,7 @@ from typing import Any
 
 from kiln.arguments import OneLineParser
 from kiln.errors import UsageError
-from kiln.results import config, flat
+from kiln.results import UNSET, changed, config, flat
 
 
 def environment(run_dir: Path) -> dict[str, Any]:
@@ -21,8 +21,7 @@ def environment(run_dir: Path) -> dict[str, Any]:
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """``key: a -> b`` for each key whose values differ (``(unset)`` where one lacks it)."""
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "(unset)") != b.get(k, "(unset)"))
-    return [f"{k}: {a.get(k, '(unset)')} -> {b.get(k, '(unset)')}" for k in keys]
+    return [f"{k}: {a.get(k, UNSET)} -> {b.get(k, UNSET)}" for k in changed(a, b)]
 
 
 def code_differences(a: Path, b: Path) -> list[str]:

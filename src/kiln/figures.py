@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from PIL import Image
 from torch import Tensor
 
 from kiln.files import written_whole
@@ -46,10 +45,12 @@ def _grid(n: int, columns: int, cell: float, lines: int, ticks: float = 0.0) -> 
     return figure, axes[:n]
 
 
-def _caption(label: str, cell: float) -> str:
-    """The whole label, each of its lines wrapped to the width of its panel (a 7-point character is about
-    1/17 inch wide)."""
-    return "\n".join(textwrap.fill(line, width=max(4, int(cell * 17))) for line in label.split("\n"))
+def _captions(labels: Sequence[str], cell: float) -> tuple[list[str], int]:
+    """The whole labels, each of their lines wrapped to the width of a panel (a 7-point character is about
+    1/17 inch wide), and the most lines one takes."""
+    width = max(4, int(cell * 17))
+    captions = ["\n".join(textwrap.fill(line, width=width) for line in label.split("\n")) for label in labels]
+    return captions, max((c.count("\n") + 1 for c in captions), default=1)
 
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:
@@ -59,12 +60,12 @@ def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: fl
     import torch.nn.functional as F
     from matplotlib.figure import Figure
 
-    captions = [_caption(label, cell) for label in labels]
+    captions, lines = _captions(labels, cell)
     n = len(images)
     columns = max(1, min(columns, n))
     rows = math.ceil(n / columns)
     size = round(cell * DPI)  # pixels a tile
-    title = round((LINE * max(c.count("\n") + 1 for c in captions) + 0.06) * DPI)
+    title = round((LINE * lines + 0.06) * DPI)
     tiles = F.interpolate(images.detach().float().cpu().clamp(0, 1), size=(size - 4, size - 4), mode="nearest")
     tiles = tiles[:, :3] if tiles.shape[1] >= 3 else tiles[:, :1].expand(-1, 3, -1, -1)  # 1 or 2: the first, grey
     canvas = np.ones((rows * (size + title), columns * size, 3), dtype=np.float32)
@@ -81,8 +82,8 @@ def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: fl
 
 def signal_grid(signals: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.5) -> Figure:
     """1-D samples (N x C x L) as small line plots, a colour per channel (five at most), each titled with its label."""
-    captions = [_caption(label, cell) for label in labels]
-    figure, axes = _grid(len(signals), columns, cell, max(c.count("\n") + 1 for c in captions), ticks=0.22)
+    captions, lines = _captions(labels, cell)
+    figure, axes = _grid(len(signals), columns, cell, lines, ticks=0.22)
     for ax, signal, caption in zip(axes, signals.detach().float().cpu(), captions, strict=True):
         for channel, values in enumerate(signal[: len(CHANNEL_COLOURS)]):
             ax.plot(values.numpy(), color=CHANNEL_COLOURS[channel], linewidth=0.8)
@@ -143,11 +144,6 @@ def png(figure: Figure, dpi: int = DPI) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})  # fast: written once a run
     return buffer.getvalue()
-
-
-def to_image(figure: Figure, dpi: int = DPI) -> Image.Image:
-    """The figure as a PIL image (what W&B and TensorBoard take)."""
-    return Image.open(io.BytesIO(png(figure, dpi))).convert("RGB")
 
 
 def save(figure: Figure, path: Path, dpi: int = DPI) -> bytes:

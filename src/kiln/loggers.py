@@ -130,11 +130,10 @@ class Wandb(WandbLogger):
 
         callbacks = [c for c in self._checkpoint_callbacks.values() if getattr(c, "best_model_path", "")]
         best = Path(callbacks[0].best_model_path) if callbacks else None
-        folder = best.parent if best is not None else runs.current_run_dir()
-        if folder is None:
+        run_dir = best.parent.parent if best is not None else runs.current_run_dir()  # <run>/checkpoints/<file>
+        if run_dir is None:
             return
-        last = (folder if best is not None else runs.layout(folder).checkpoints) / runs.RunLayout.LAST
-        run_dir = last.parent.parent
+        last = runs.layout(run_dir).last
         chosen = [
             (path, aliases) for path, aliases in ((best, ["best"]), (last, ["latest"])) if path and path.is_file()
         ]

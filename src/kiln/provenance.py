@@ -101,8 +101,9 @@ def command_line(argv: list[str]) -> list[str]:
                 parsed = yaml.safe_load(text)
             except yaml.YAMLError:
                 parsed = None
-            if isinstance(parsed, dict | list) and redact(parsed) != parsed:
-                text = json.dumps(redact(parsed))
+            hidden = redact(parsed) if isinstance(parsed, dict | list) else parsed
+            if hidden != parsed:
+                text = json.dumps(hidden)
         shown.append(f"{key}={text}" if equals and arg.startswith("--") else text)
     return shown
 
@@ -122,7 +123,7 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
             for tensor in (dataset.inputs, dataset.labels):
                 if tensor is not None:
                     digest.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
-                    digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+                    digest.update(tensor.detach().cpu().contiguous().numpy().data)  # its buffer: no copy of the bytes
             how = "tensors, whole"
         elif paths := getattr(dataset, "paths", None):
             step = max(1, len(paths) // SAMPLED_FILES)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kiln.runs import PARTIAL, layout, partial_data
+from kiln.runs import layout, partial_data, read_metrics
 
 if TYPE_CHECKING:
     import optuna
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 STEP, EPOCH = "trainer/global_step", "epoch"
+UNSET = "(unset)"  # a key one of two configs lacks
 
 
 def flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -35,10 +36,19 @@ def flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
+def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys, sorted, whose values differ between two flattened configs (a key one lacks counts as ``UNSET``)."""
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, UNSET) != b.get(k, UNSET))
+
+
+def _raw_config(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
 def config(run_dir: str | Path) -> dict[str, Any]:
     """A run's settings (its ``config.yaml``), flattened to dotted keys."""
-    path = Path(run_dir) / "config.yaml"
-    return flat(yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return flat(_raw_config(run_dir))
 
 
 def status(run_dir: str | Path) -> tuple[str, str]:
@@ -49,18 +59,13 @@ def status(run_dir: str | Path) -> tuple[str, str]:
     if run.status.is_file():
         record = json.loads(run.status.read_text())
         return str(record["status"]), str(record.get("detail", ""))
-    if "test" in _metrics(run.root):
+    if "test" in read_metrics(run.root):
         return "finished", ""
     if errors := sorted(run.root.glob("error-*.log")):
         return "failed", f"traceback in {errors[-1].name}"
     if run.last.is_file():
         return "resumable", ""
     return "unknown", ""
-
-
-def _metrics(run_dir: Path) -> dict[str, Any]:
-    path = layout(run_dir).metrics
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def run_folders(root: str | Path = "runs") -> list[Path]:
@@ -81,8 +86,9 @@ def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd
     rows, configs, folders = [], [], run_folders(root)
     for run_dir in folders:
         state, detail = status(run_dir)
-        data, settings = _metrics(run_dir), config(run_dir)
-        partial = partial_data({key.removeprefix("trainer."): settings.get(key) for key in _trainer_keys(settings)})
+        data, raw = read_metrics(run_dir), _raw_config(run_dir)
+        settings = flat(raw)
+        partial = partial_data(raw.get("trainer") or {})
         rows.append({
             "experiment": str(run_dir.parent.relative_to(root)), "run": run_dir.name, "status": state,
             "detail": detail, "resumable": state != "finished" and layout(run_dir).last.is_file(),
@@ -99,10 +105,6 @@ def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd
     table = pd.concat([table, settings.reindex(columns=chosen)], axis=1)
     table["path"] = [str(p) for p in folders]
     return table
-
-
-def _trainer_keys(settings: dict[str, Any]) -> list[str]:
-    return [f"trainer.{key}" for key in PARTIAL if f"trainer.{key}" in settings]
 
 
 def history(run_dir: str | Path) -> pd.DataFrame:
@@ -189,10 +191,10 @@ def config_diff(a: str | Path, b: str | Path) -> pd.DataFrame:
     import pandas as pd
 
     left, right = config(a), config(b)
-    keys = sorted(k for k in left.keys() | right.keys() if left.get(k, "(unset)") != right.get(k, "(unset)"))
+    keys = changed(left, right)
     names = (Path(a).name, Path(b).name) if Path(a).name != Path(b).name else (str(a), str(b))
-    return pd.DataFrame({"key": keys, names[0]: [left.get(k, "(unset)") for k in keys],
-                         names[1]: [right.get(k, "(unset)") for k in keys]}).set_index("key")  # fmt: skip
+    return pd.DataFrame({"key": keys, names[0]: [left.get(k, UNSET) for k in keys],
+                         names[1]: [right.get(k, UNSET) for k in keys]}).set_index("key")  # fmt: skip
 
 
 def sweep(name: str | Path, root: str | Path = "runs/sweeps") -> optuna.Study:

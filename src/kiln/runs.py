@@ -49,6 +49,14 @@ def layout(run_dir: str | Path) -> RunLayout:
     return RunLayout(Path(run_dir))
 
 
+def read_metrics(run_dir: str | Path) -> dict[str, Any]:
+    """A run's ``metrics.json`` (empty when it has none yet)."""
+    import json
+
+    path = layout(run_dir).metrics
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
 this_run: Path | None = None  # the run folder of this process's current command, created or resumed
 created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
@@ -125,7 +133,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
 def current_run_dir() -> Path | None:
     """The run folder of the command in this process, if it got one."""
     exported = os.environ.get(RUN_DIR_ENV)
-    return created or (Path(exported) if exported else None)
+    return this_run or (Path(exported) if exported else None)
 
 
 def record_status(state: str, detail: str = "", run_dir: str | Path | None = None) -> None:

@@ -12,7 +12,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from kiln import console
 from kiln.checkpointing import load_checkpoint_file
 from kiln.files import written_whole
-from kiln.runs import layout
+from kiln.runs import layout, read_metrics
 from kiln.wandb_mode import finish_wandb
 
 TestChoice = Literal["best", "last", "both"]
@@ -68,12 +68,6 @@ def test_after_fit(
         if console.run_summary_wanted():
             print_summary(results, run_dir, sync)
     return results[0].metrics
-
-
-def read_metrics(run_dir: str | Path) -> dict[str, Any]:
-    """A run's ``metrics.json`` (empty when it has none yet)."""
-    path = layout(run_dir).metrics
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def update_metrics(run_dir: str | Path, **sections: Any) -> None:

@@ -27,6 +27,7 @@ from lightning.pytorch import Callback
 from kiln.arguments import OneLineParser
 from kiln.errors import UsageError
 from kiln.files import written_whole
+from kiln.sweep.inprocess import parse_command, resolved_config
 
 
 def parse(args: list[str]) -> tuple[Any, list[str]]:
@@ -36,9 +37,7 @@ def parse(args: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--num_training", type=int, default=100, help="optimizer steps of the test")
     if not args[:1] == ["lr"]:
         raise UsageError("kiln tune: say what to tune: `kiln tune lr [options] -- <kiln fit arguments>`")
-    rest = args[1:]
-    fit_args = rest[rest.index("--") + 1 :] if "--" in rest else []
-    options = parser.parse_args(rest[: rest.index("--")] if "--" in rest else rest)
+    options, fit_args = parse_command(parser, args[1:])
     if not 0 < options.min_lr < options.max_lr or options.num_training < 10:
         raise UsageError("kiln tune lr: need 0 < --min_lr < --max_lr and --num_training of at least 10")
     return options, fit_args
@@ -112,9 +111,8 @@ def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: 
 
 
 def optimizer_name(cli: Any) -> str:
-    optimizer = cli.config.get("model.init_args.optimizer") if hasattr(cli.config, "get") else None
-    path = getattr(optimizer, "class_path", None) or (optimizer or {}).get("class_path") if optimizer else None
-    return str(path or "the configured optimizer")
+    """The optimizer class the config names (a callable's ``class_path``)."""
+    return str(getattr(cli.config.get("model.init_args.optimizer"), "class_path", None) or "the configured optimizer")
 
 
 def write_results(folder: Path, test: RangeTest, suggestion: float, optimizer: str, min_lr: float,
@@ -160,11 +158,10 @@ def tune_command(args: list[str]) -> None:
     if suggestion is None:
         raise UsageError(f"kiln tune lr: no suggestion from {len(test.lrs)} steps (the loss never fell); "
                          "raise --num_training or --max_lr")  # fmt: skip
-    from kiln.sweep.inprocess import resolved_config
-
     run = (yaml.safe_load(resolved_config(fit_args)) or {}).get("run") or {}  # where the fit would write
     folder = Path(run.get("root") or "runs") / str(run.get("name") or cli.config.run.name)
     folder = folder / datetime.now().strftime("tune-%Y-%m-%d_%H-%M-%S")
     write_results(folder, test, suggestion, optimizer_name(cli), options.min_lr, options.max_lr)
-    print(f"suggested learning rate {suggestion:.3g} ({folder / 'lr_find.png'}); train with it: "
-          f"kiln fit {' '.join(fit_args)} -c {folder / 'tuned.yaml'}".replace("  ", " "), file=sys.stderr)  # fmt: skip
+    command = " ".join(["kiln fit", *fit_args, "-c", str(folder / "tuned.yaml")])
+    print(f"suggested learning rate {suggestion:.3g} ({folder / 'lr_find.png'}); train with it: {command}",
+          file=sys.stderr)  # fmt: skip

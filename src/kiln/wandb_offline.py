@@ -14,25 +14,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HEADER = 7
+FILE_HEADER = 7  # ":W&B", a 2-byte magic, a version byte
+CHUNK_HEADER = 7  # a CRC (4 bytes), a length (2) and a type (1)
 BLOCK = 32 * 1024
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def _records(data: bytes) -> Iterator[bytes]:
     """The record payloads of a LevelDB log (chunks joined; block tails too short for a chunk skipped)."""
-    position, pieces = HEADER, []
-    while position + HEADER <= len(data):
+    position, pieces = FILE_HEADER, []
+    while position + CHUNK_HEADER <= len(data):
         left = BLOCK - position % BLOCK
-        if left < HEADER:
+        if left < CHUNK_HEADER:
             position += left
             continue
         _, length, kind = struct.unpack_from("<IHB", data, position)
         if kind == 0:  # zero padding up to the next block
             position += left
             continue
-        body = data[position + HEADER : position + HEADER + length]
-        position += HEADER + length
+        body = data[position + CHUNK_HEADER : position + CHUNK_HEADER + length]
+        position += CHUNK_HEADER + length
         if kind == FULL:
             yield body
         elif kind == FIRST:

@@ -38,6 +38,7 @@ class EMA(EMAWeightAveraging):
         self._kwargs["avg_fn"] = self._average  # Lightning's EMA step, unless the guard skipped the step
         self._skipped: bool | Tensor = False
         self._raw_at_end: dict[str, Tensor] | None = None  # the weights trained, once the model holds the average
+        self._guard: NonFiniteGuard | None = None  # whose verdict on each step the average follows
 
     def _average(self, average: Tensor, current: Tensor, count: Tensor | int) -> Tensor:
         updated = self.decay * average + (1.0 - self.decay) * current
@@ -48,12 +49,13 @@ class EMA(EMAWeightAveraging):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        guard = next((c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)), None)  # type: ignore[attr-defined]
-        self._skipped = guard.step_skipped if guard is not None else False
+        self._skipped = self._guard.step_skipped if self._guard is not None else False
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._raw_at_end = None
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        self._guard = next((c for c in callbacks if isinstance(c, NonFiniteGuard)), None)  # looked up once a fit
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The model takes the average; the trained weights stay for the checkpoints written after (``last.ckpt``

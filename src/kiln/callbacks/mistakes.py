@@ -8,8 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from kiln.callbacks.pictures import class_names
-from kiln.data.on_device import stats_view
+from kiln.callbacks.pictures import class_names, denormalised
 
 
 class ConfidentMistakes(Callback):
@@ -25,49 +24,44 @@ class ConfidentMistakes(Callback):
     def __init__(self, count: int = 16) -> None:
         self.count = count
         self.rows: list[tuple[float, Tensor, int, int, Tensor]] = []  # confidence, input, label, prediction, probs
-
-    def _wandb(self, trainer: Trainer) -> Any:
-        from lightning.pytorch.loggers import WandbLogger
-
-        return next((logger for logger in trainer.loggers if isinstance(logger, WandbLogger)), None)
+        self._logger: Any = None  # this test's W&B logger (rank 0), found once
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        from lightning.pytorch.loggers import WandbLogger
+
         self.rows = []
+        found = (logger for logger in trainer.loggers if isinstance(logger, WandbLogger))
+        self._logger = next(found, None) if trainer.is_global_zero else None
 
     def on_test_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:  # fmt: skip
-        if not isinstance(outputs, Tensor) or self._wandb(trainer) is None or not trainer.is_global_zero:
+        if not isinstance(outputs, Tensor) or self._logger is None:
             return
         x, y = batch[0], batch[1]
         probabilities = outputs.detach().float().softmax(dim=-1)
         confidence, prediction = probabilities.max(dim=-1)
         confidence = torch.where(prediction != y, confidence, torch.full_like(confidence, -1.0))
         top = confidence.topk(min(self.count, len(confidence))).indices  # this batch's candidates only
-        for i in top.tolist():
-            if float(confidence[i]) >= 0:
-                self.rows.append((float(confidence[i]), x[i].detach().float().cpu(), int(y[i]), int(prediction[i]),
-                                  probabilities[i].cpu()))  # fmt: skip
-        self.rows = sorted(self.rows, key=lambda row: -row[0])[: self.count]
+        top = top[confidence[top] >= 0]  # mistakes only; one copy to the host of each below
+        candidates = zip(confidence[top].tolist(), x[top].detach().float().cpu(), y[top].tolist(),
+                         prediction[top].tolist(), probabilities[top].cpu(), strict=True)  # fmt: skip
+        self.rows = sorted([*self.rows, *candidates], key=lambda row: -row[0])[: self.count]
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        logger = self._wandb(trainer)
-        if logger is None or not trainer.is_global_zero or logger.experiment is None:
+        logger = self._logger
+        if logger is None or logger.experiment is None:
             return
         import wandb
 
-        data = trainer.datamodule  # type: ignore[attr-defined]
         names = class_names(trainer, len(self.rows[0][4]) if self.rows else 0)
+        images = bool(self.rows) and self.rows[0][1].ndim == 3  # as the net saw them, de-normalised
+        shown = denormalised(trainer, torch.stack([row[1] for row in self.rows])).clamp(0, 1) if images else None
         table = []
-        for confidence, x, label, prediction, probabilities in self.rows:
-            if x.ndim == 3:  # an image: as the net saw it, de-normalised
-                mean = stats_view(getattr(data, "mean", (0.0,)), x.shape, "mean")
-                std = stats_view(getattr(data, "std", (1.0,)), x.shape, "std")
-                shown: Any = wandb.Image((x * std + mean).clamp(0, 1))
-            else:
-                shown = f"input of shape {tuple(x.shape)}"
-            table.append([shown, names[label], names[prediction], round(confidence, 4),
+        for i, (confidence, x, label, prediction, probabilities) in enumerate(self.rows):
+            picture: Any = wandb.Image(shown[i]) if shown is not None else f"input of shape {tuple(x.shape)}"
+            table.append([picture, names[label], names[prediction], round(confidence, 4),
                           {names[k]: round(float(p), 4) for k, p in enumerate(probabilities)}])  # fmt: skip
         columns = ["input", "label", "prediction", "confidence", "probabilities"]
         logger.log_table(key="test/confident_mistakes", columns=columns, data=table)

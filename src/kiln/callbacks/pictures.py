@@ -33,6 +33,14 @@ def log_image(trainer: Trainer, key: str, png: bytes) -> None:
             logger.experiment.add_image(key, np.asarray(image), trainer.global_step, dataformats="HWC")
 
 
+def denormalised(trainer: Trainer, x: Tensor) -> Tensor:
+    """A batch of samples as they were before the datamodule's normalisation: what a person can look at."""
+    data = trainer.datamodule  # type: ignore[attr-defined]
+    mean = stats_view(getattr(data, "mean", (0.0,)), x.shape[1:], "mean")
+    std = stats_view(getattr(data, "std", (1.0,)), x.shape[1:], "std")
+    return x * std + mean
+
+
 def class_names(trainer: Trainer, num_classes: int) -> list[str]:
     names = getattr(trainer.datamodule, "class_names", None)  # type: ignore[attr-defined]
     return list(names) if names else [str(i) for i in range(num_classes)]
@@ -66,12 +74,9 @@ class BatchGrid(Callback):
             shape = tuple(batch[0].shape)
             say(f"BatchGrid: no picture for inputs of shape {shape} (images or 1-D samples only)")
             return
-        data = trainer.datamodule  # type: ignore[attr-defined]
-        mean = stats_view(getattr(data, "mean", (0.0,)), x.shape[1:], "mean")
-        std = stats_view(getattr(data, "std", (1.0,)), x.shape[1:], "std")
         names = class_names(trainer, int(y.max()) + 1)
         labels = [names[i] if i < len(names) else str(i) for i in y.tolist()]
-        x = x * std + mean
+        x = denormalised(trainer, x)
         if x.ndim == 4:
             figure = figures.image_grid(x, labels, cell=self.cell / figures.DPI)
         else:

@@ -122,15 +122,11 @@ def legend(run_dirs: list[Path]) -> str:
 
 def changed_keys(old: str, new: str, most: int = 3) -> str:
     """``trainer.max_epochs 2 -> 5, …``: the settings that differ between two resolved configs."""
-
-    def flat(node: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(node, dict):
-            return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
-        return {prefix.rstrip("."): node}
+    from kiln.results import UNSET, changed, flat
 
     before, after = flat(yaml.safe_load(old) or {}), flat(yaml.safe_load(new) or {})
-    keys = [k for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)]
-    shown = [f"{k} {before.get(k, '(unset)')} -> {after.get(k, '(unset)')}" for k in keys[:most]]
+    keys = changed(before, after)
+    shown = [f"{k} {before.get(k, UNSET)} -> {after.get(k, UNSET)}" for k in keys[:most]]
     return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
