@@ -44,3 +44,48 @@ def test_checkpoints_are_model_artifact_versions_once_each_and_mistakes_a_table(
     confidences = [row[3] for row in written["data"]]
     assert len(confidences) == 16 and confidences == sorted(confidences, reverse=True)
     assert all(row[1] != row[2] for row in written["data"])  # mistakes only
+
+
+@pytest.mark.slow
+def test_a_wandb_version_resolves_offline_for_fit_test_predict_and_export_and_a_changed_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_ARTIFACT_DIR", str(tmp_path / "downloads"))
+    main(["fit", *LIMIT, "--trainer.logger.init_args.log_model", "true"])
+    (run_dir,) = Path("runs/digits").iterdir()
+    run_id = wandb_offline.run_file(run_dir).parent.name.rsplit("-", 1)[1]  # type: ignore[union-attr]
+    best = next(run_dir.glob("checkpoints/best-*.ckpt")).resolve()
+    capsys.readouterr()
+
+    main(["test", "--ckpt_path", f"wandb:someone/kiln/model-{run_id}:best", "--trainer.logger", "false"])
+    assert f"--ckpt_path wandb:someone/kiln/model-{run_id}:best: {best} (logged offline by" in capsys.readouterr().err
+    main(["predict", "--ckpt_path", f"wandb:kiln/model-{run_id}:best", "--trainer.logger", "false"])
+    assert f": {best} (logged offline" in capsys.readouterr().err
+
+    # the newest state trains on: the version logged is no longer that file, and nothing may read it as such
+    logged = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    main(["fit", *LIMIT, "--ckpt_path", "last", "--trainer.max_epochs", "3", "--trainer.logger", "false"])
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() != logged
+    with pytest.raises(SystemExit) as stop:
+        main(["test", "--ckpt_path", f"wandb:kiln/model-{run_id}:latest"])
+    assert stop.value.code == 2
+    assert "has changed since, and W&B's artifact cache" in capsys.readouterr().err
+
+    # W&B's artifact cache holds the version (as `wandb sync` or a download leaves it): read from there
+    digest = hashlib.md5(logged).hexdigest()
+    cached = tmp_path / "wandb-cache" / "artifacts" / "obj" / "md5" / digest[:2] / digest[2:]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(logged)
+    main(["fit", *LIMIT, "--ckpt_path", f"wandb:kiln/model-{run_id}:latest", "--trainer.max_epochs", "3",
+          "--trainer.logger", "false"])  # fmt: skip
+    newest = max(d for d in Path("runs/digits").iterdir() if d.name[0].isdigit())  # a fit's, not a test's
+    resumed = json.loads((newest / "metrics.json").read_text())
+    assert resumed["global_step"] == 15  # on from step 10 of the logged state, not from 0 nor the state trained on
+    downloaded = tmp_path / "downloads" / f"model-{run_id}-{digest[:12]}" / "model.ckpt"
+    assert downloaded.read_bytes() == logged
+    main(["export", "--ckpt_path", f"wandb:kiln/model-{run_id}:latest", "--format", "onnx", "--samples", "16"])
+    parity = json.loads((downloaded.parent / "export" / "parity.json").read_text())
+    assert parity["checkpoint_version"] == f"wandb:kiln/model-{run_id}:latest"
+    assert parity["checkpoint"] == str(downloaded)

@@ -3,6 +3,8 @@ optimizer step under accumulation, a skipped step leaves the average, checkpoint
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,12 @@ from lightning.pytorch import Callback
 from test_health import MODES, nan_net_config
 from test_resume import assert_bitwise_equal, final_state, run_args
 
+from kiln.boundary import main
 from kiln.callbacks import EMA
 from kiln.cli import build_cli
 
 EMA_PRESET = ["-c", str(CONFIGS / "callbacks" / "ema.yaml")]
+CSV = ["-c", str(CONFIGS / "logger" / "csv.yaml")]
 
 
 class Recorder(Callback):
@@ -85,3 +89,30 @@ def test_a_resume_with_ema_is_bitwise_the_uninterrupted_run(tmp_path: Path) -> N
     for key, value in a["current_model_state"].items():
         assert torch.equal(value, b["current_model_state"][key]), key
     assert torch.equal(a["averaging_state"]["n_averaged"], b["averaging_state"]["n_averaged"])
+
+
+def fitted(name: str, flags: list[str]) -> tuple[dict[str, list[float]], dict[str, float], Path]:
+    """A short fit's validation metrics by epoch (from metrics.csv), its test metrics and its best checkpoint."""
+    main(["fit", *LIMIT, *CSV, "--run.name", name, *flags])
+    (run_dir,) = Path("runs", name).iterdir()
+    with (run_dir / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    by_epoch = {key: [float(r[key]) for r in rows if r.get(key)] for key in rows[0] if "val" in key}
+    (tested,) = json.loads((run_dir / "metrics.json").read_text())["test"]
+    return by_epoch, tested["metrics"], Path(tested["checkpoint"])
+
+
+@pytest.mark.slow
+def test_validation_and_test_are_on_the_average_and_the_raw_weights_metrics_are_logged_beside() -> None:
+    plain_val, plain_test, _ = fitted("plain", [])  # EMA never changes what trains: its raw weights are these
+    val, tested, best = fitted("ema", EMA_PRESET)
+    assert val["val_raw/loss"] == pytest.approx(plain_val["val/loss"], abs=1e-6)
+    assert val["val_raw/acc"] == pytest.approx(plain_val["val/acc"], abs=1e-6)
+    assert val["val/loss"] != pytest.approx(plain_val["val/loss"], abs=1e-3)  # the average's own
+    assert tested["test_raw/loss"] == pytest.approx(plain_test["test/loss"], abs=1e-6)
+    main(["test", *LIMIT, *CSV, *EMA_PRESET, "--ckpt_path", str(best)])  # in a Trainer of its own: the average
+    (alone,) = [d for d in Path("runs/ema").iterdir() if d.name.startswith("test-")]
+    with (alone / "metrics.csv").open() as f:
+        (again,) = list(csv.DictReader(f))
+    assert tested["test/loss"] == pytest.approx(float(again["test/loss"]), abs=1e-6)  # was the raw weights'
+    assert float(again["test_raw/loss"]) == pytest.approx(plain_test["test/loss"], abs=1e-6)

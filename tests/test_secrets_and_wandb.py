@@ -208,3 +208,20 @@ def test_a_given_secret_is_used_when_the_checkpoint_holds_it_redacted(monkeypatc
     for subcommand in ("test", "predict"):  # Lightning would apply the checkpoint's (redacted) value over the given one
         cli = build_cli([subcommand, *LIMIT, "--trainer.logger", "false", *model, "--ckpt_path", str(ckpt)])
         assert cli.model.api_key == "real-s3cr3t"
+
+
+@pytest.mark.slow
+def test_online_a_wandb_version_is_asked_of_the_server_and_one_it_lacks_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    with local_server("200") as (url, requests):  # knows the key, holds no artifact
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        with pytest.raises(SystemExit) as stop:
+            main(["test", "--ckpt_path", "wandb:me/kiln/model-1a2b3c4d:best"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --ckpt_path wandb:me/kiln/model-1a2b3c4d:best: W&B could not give this version (" in err
+    assert "Traceback" not in err and len(requests) > 1  # W&B's API asked the server, after kiln's key check
+    assert not Path("runs").exists()

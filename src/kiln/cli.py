@@ -19,7 +19,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import console, process_group, runs, stop_signals
+from kiln import console, process_group, runs, stop_signals, wandb_checkpoints
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.checkpointing import load_checkpoint_file, remove_stale_temporaries
@@ -171,6 +171,8 @@ class KilnCLI(LightningCLI):
                 raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
             print(f"--ckpt_path best: {best}", file=sys.stderr)
             ckpt_path = config.ckpt_path = str(best)
+        if isinstance(ckpt_path, str) and ckpt_path.startswith(wandb_checkpoints.PREFIX):
+            ckpt_path = config.ckpt_path = str(wandb_checkpoints.resolve(ckpt_path, config.run.root))
         if ckpt_path == "last":
             found = latest_checkpoint(config.run.root, config.run.name, pick)
             if note := pick.note("--ckpt_path last"):
@@ -371,7 +373,7 @@ class KilnCLI(LightningCLI):
 
 def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
     """``(subcommand, file)`` when the command line is validate/test/predict with ``--ckpt_path <file>``
-    (not ``best`` or ``last``, which need the parsed config to be found)."""
+    (not ``best``, ``last`` or a ``wandb:`` version, which need the parsed config to be found)."""
     command = next((a for a in given if a in LightningCLI.subcommands()), None)
     if command in (None, "fit"):
         return None
@@ -379,7 +381,8 @@ def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
         key, has_value, value = token.partition("=")
         if key == "--ckpt_path":
             value = value if has_value else (given[i + 1] if i + 1 < len(given) else "")
-            return (command, value) if value not in ("", "best", "last", "hpc", "null", "None") else None
+            found = value not in ("", "best", "last", "hpc", "null", "None")
+            return (command, value) if found and not value.startswith(wandb_checkpoints.PREFIX) else None
     return None
 
 

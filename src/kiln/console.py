@@ -23,6 +23,9 @@ DEPENDENCY_WARNINGS = [
      "Lightning 2.6 builds torch's deprecated LeafSpec in every batch transfer; Lightning must change, not kiln"),
     (UserWarning, r"The dirpath has changed from", r"lightning\.pytorch\.callbacks\.model_checkpoint",
      "validate/test/predict from a checkpoint run in their own folder (a resume keeps its folder): nothing is lost"),
+    (UserWarning, r"Checkpoint directory .* exists and is not empty",
+     r"lightning\.pytorch\.callbacks\.model_checkpoint",
+     "a resume goes on in its own run folder, beside the checkpoints it goes on from: expected, on every resume"),
 ]  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kiln import stop_signals
+from kiln import stop_signals, wandb_checkpoints
 from kiln.arguments import OneLineParser
 from kiln.checkpointing import load_checkpoint_file
 from kiln.config_errors import import_class
@@ -157,8 +157,9 @@ def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: l
 
 
 def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
-           samples: int) -> dict[str, Any]:  # fmt: skip
-    """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing."""
+           samples: int, version: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing.
+    ``version``: the ``wandb:`` reference ``ckpt_path`` was resolved from, recorded beside it."""
     model, data = load_trained(ckpt_path)
     stop_signals.stop_here("kiln export stopped; nothing was written")
     served = Probabilities(model).eval()
@@ -174,6 +175,8 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
         )
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance}
+    if version is not None:
+        report["checkpoint_version"] = version
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught, _quiet_export_logs():  # torch's exporters warn
@@ -203,7 +206,11 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
 def export_command(args: list[str]) -> None:
     """``kiln export --ckpt_path FILE [--format onnx,pt2] [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
     parser = OneLineParser(prog="kiln export", description="Export a trained model for serving.")
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint `kiln fit` wrote")
+    parser.add_argument(
+        "--ckpt_path",
+        required=True,
+        help="a checkpoint `kiln fit` wrote, or wandb:<entity>/<project>/<artifact>:<alias>",
+    )
     parser.add_argument("--format", default="onnx,pt2", help="onnx, pt2 or both (comma-separated)")
     parser.add_argument("--output", type=Path, help="default: export/ in the checkpoint's run folder")
     parser.add_argument("--batch_sizes", default="1,64", help="batch sizes the parity check runs")
@@ -221,10 +228,13 @@ def export_command(args: list[str]) -> None:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
-    output = options.output or Path(options.ckpt_path).resolve().parent.parent / "export"
+    version = options.ckpt_path if options.ckpt_path.startswith(wandb_checkpoints.PREFIX) else None
+    ckpt_path = str(wandb_checkpoints.resolve(version, "runs")) if version else options.ckpt_path
+    folder = Path(ckpt_path).resolve().parent  # a run's checkpoints/, or a downloaded W&B version's folder
+    output = options.output or (folder.parent if folder.name == "checkpoints" else folder) / "export"
     if output.exists():
         raise UsageError(f"kiln export: {output} exists; remove it or give another --output")
-    report = export(options.ckpt_path, output, formats, sizes, options.tolerance, options.samples)
+    report = export(ckpt_path, output, formats, sizes, options.tolerance, options.samples, version)
     for fmt in formats:
         for size, r in report[fmt].items():
             print(f"{fmt} batch {size}: max |difference| {r['max_abs_diff']:.2e}, top-1 agreement "

@@ -1,16 +1,22 @@
-"""The W&B logger the default experiment uses: Lightning's, with its arguments declared here."""
+"""The loggers kiln's presets use: Lightning's W&B logger with its arguments declared here, and its CSV logger
+continuing a resumed run's history."""
 
 from __future__ import annotations
 
+import csv
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from kiln import runs
+from kiln.files import written_whole
 
 
 class Wandb(WandbLogger):
@@ -169,3 +175,50 @@ def checkpoint_metadata(path: Path, run_dir: Path, checkpoint_callback: Any | No
         score = checkpoint_callback.best_model_score
         metadata |= {"monitor": checkpoint_callback.monitor, "score": float(score) if score is not None else None}
     return metadata
+
+
+class _ContinuedHistory(ExperimentWriter):
+    """Lightning's CSV writer, except that a resumed run continues its ``metrics.csv`` (Lightning's deletes it,
+    with the epochs before the resume): the first save rewrites it whole, the earlier rows before the first step
+    logged now (rows a killed run logged past its checkpoint are logged again), then the new ones."""
+
+    def _check_log_dir_exists(self) -> None:
+        self._earlier: list[dict[str, Any]] | None = None
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self._earlier = [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+    def save(self) -> None:
+        if self._earlier is None or not self.metrics:
+            return super().save()
+        first = min(int(m["step"]) for m in self.metrics)
+        rows = [r for r in self._earlier if int(float(r.get("step", first))) < first] + self.metrics
+        self.metrics_keys = sorted(set().union(*rows))
+        with written_whole(self.metrics_file_path) as partial, partial.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(rows)
+        self._earlier, self.metrics = None, []
+
+
+class Csv(CSVLogger):
+    """Lightning's ``CSVLogger`` (``metrics.csv`` and ``hparams.yaml`` in the run folder); a resume continues the
+    run's ``metrics.csv`` instead of deleting what the epochs before it logged.
+
+    Args:
+        save_dir: Folder of ``metrics.csv`` (default: the run folder).
+        name: A subfolder of ``save_dir`` (default: none).
+        flush_logs_every_n_steps: Write the rows kept in memory every this many steps.
+    """
+
+    def __init__(self, save_dir: str = ".", name: str | None = None, flush_logs_every_n_steps: int = 100) -> None:
+        # no version_N subfolder: the run folder is the version
+        super().__init__(save_dir, name=name, version="", flush_logs_every_n_steps=flush_logs_every_n_steps)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if not isinstance(self._experiment, ExperimentWriter):
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuedHistory(log_dir=self.log_dir)
+        return self._experiment

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
@@ -178,6 +179,26 @@ class Classifier(LightningModule):
 
     def on_train_epoch_end(self) -> None:
         self.log("train/acc", self.train_acc)  # computed over the epoch (and all ranks), then reset
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """What the epoch's training metrics have counted so far, so that a resume mid-epoch logs what the
+        uninterrupted run logs: ``train/acc`` over the whole epoch (every rank's counts, summed; a collective,
+        as every rank saves) and ``train/loss`` over the steps since its last log."""
+        with self.train_acc.sync_context():
+            state = self.train_acc.metric_state
+            counts = {name: torch.as_tensor(value).detach().clone() for name, value in state.items()}
+        checkpoint["train_metrics"] = {"train_acc": counts, "loss_sum": self._loss_sum, "loss_count": self._loss_count}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("train_metrics")
+        if saved is None or self._trainer is None or self.trainer.state.fn != TrainerFn.FITTING:
+            return
+        if self.global_rank == 0:  # the sum of every rank's counts: once
+            for name, value in saved["train_acc"].items():
+                setattr(self.train_acc, name, value.to(self.device))
+        loss_sum = saved["loss_sum"]
+        self._loss_sum = loss_sum.to(self.device) if loss_sum is not None else None
+        self._loss_count = saved["loss_count"]
 
     def _evaluate(self, batch: Batch, loss: MeanMetric, accuracy: MulticlassAccuracy) -> Tensor:
         """Accumulate on the device; the epoch-end hooks log once (no ``self.log`` per batch)."""
