@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from dataset_files import write_cifar10, write_mnist
 
+# what Lightning's DDP set-up exports: a test that inherits them starts its DDP child processes on another's port
+DDP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "RANK", "LOCAL_WORLD_SIZE")
+
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Run in ``tmp_path``; no W&B key, no inherited run folder, W&B disabled unless a test says so."""
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run in ``tmp_path``; no W&B key, no inherited run folder or DDP port, W&B disabled unless a test says so;
+    afterwards the environment as it was (what kiln sets for a command of its own, such as a sweep's W&B group,
+    never reaches the next test)."""
+    before = dict(os.environ)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["kiln"])  # the CLI gets its args from the test, not pytest's argv
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    for var in ("KILN_RUN_DIR", "LOCAL_RANK", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+    for var in ("KILN_RUN_DIR", "LOCAL_RANK", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", *DDP_VARIABLES):
         monkeypatch.delenv(var, raising=False)
-    return tmp_path
+    yield tmp_path
+    monkeypatch.undo()
+    os.environ.clear()
+    os.environ.update(before)
 
 
 @pytest.fixture
