@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import fake_wandb
 import pytest
 import torch
 import yaml
@@ -225,3 +226,27 @@ def test_online_a_wandb_version_is_asked_of_the_server_and_one_it_lacks_is_one_l
     assert "error: --ckpt_path wandb:me/kiln/model-1a2b3c4d:best: W&B could not give this version (" in err
     assert "Traceback" not in err and len(requests) > 1  # W&B's API asked the server, after kiln's key check
     assert not Path("runs").exists()
+
+
+@pytest.mark.slow
+def test_online_a_wandb_version_is_downloaded_through_the_artifact_cache_and_tested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    main(["fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"])
+    best = next(Path("runs/digits").glob("*/checkpoints/best-*.ckpt"))
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", KEY)
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    monkeypatch.setenv("WANDB_ARTIFACT_DIR", str(tmp_path / "downloads"))
+    reference = "wandb:me/kiln/model-1a2b3c4d:best"
+    with fake_wandb.serving("me", "kiln", "model-1a2b3c4d", "best", 3, best.read_bytes()) as (url, asked):
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        main(["test", "--ckpt_path", reference, "--trainer.logger", "false"])
+        downloaded = tmp_path / "downloads" / "model-1a2b3c4d:v3" / "model.ckpt"
+        assert f"--ckpt_path {reference}: {downloaded} (W&B version v3" in capsys.readouterr().err
+        assert downloaded.read_bytes() == best.read_bytes() and asked.count("GET /files/model.ckpt") == 1
+        downloaded.unlink()
+        main(["predict", "--ckpt_path", reference, "--trainer.logger", "false"])
+    assert downloaded.read_bytes() == best.read_bytes()
+    assert asked.count("GET /files/model.ckpt") == 1  # the second time, from W&B's artifact cache
+    assert asked.count("ArtifactMembershipByName") == 2  # each command asked which file the alias names now

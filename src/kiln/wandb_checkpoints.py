@@ -113,7 +113,7 @@ def _logged_offline(reference: Reference, root: Path, why: str) -> tuple[Path, s
         raise UsageError(f"--ckpt_path {reference}: W&B is not reachable ({why}), and no run under {root.resolve()} "
                          f"logged it offline (model versions there: {logged})")  # fmt: skip
     _, _, run_file, artifact = max(found, key=lambda f: f[:2])
-    (entry,) = [e for e in artifact.manifest.contents if e.path.endswith(".ckpt")][:1] or [None]
+    entry = next((e for e in artifact.manifest.contents if e.path.endswith(".ckpt")), None)
     if entry is None:
         raise UsageError(f"--ckpt_path {reference}: the version {run_file.parent.name} logged holds no .ckpt file")
     source = f"logged offline by {run_file.parent.name}, file MD5 {_hex(entry.digest)}"
