@@ -416,12 +416,13 @@ def test_a_process_group_sigterm_early_or_in_validation_ends_in_one_line_without
 
 
 @pytest.mark.slow
-def test_a_resumed_runs_metrics_csv_goes_on_as_the_uninterrupted_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint", ["mid-step=8.ckpt", "end-epoch=1.ckpt"])
+def test_a_resumed_runs_metrics_csv_goes_on_as_the_uninterrupted_runs(tmp_path: Path, checkpoint: str) -> None:
     logged = ["--trainer.logger", "kiln.loggers.Csv", "--trainer.log_every_n_steps", "2"]
     whole = Path(build_cli([*run_args(0), *logged, "--run.root", str(tmp_path / "whole")]).trainer.default_root_dir)
-    killed = tmp_path / "killed" / "digits" / whole.name  # as if killed at step 12: its checkpoint from step 8,
-    shutil.copytree(whole, killed)  # and its metrics.csv with the rows it logged past that
-    shutil.copy(killed / "checkpoints" / "mid-step=8.ckpt", killed / "checkpoints" / "last.ckpt")
+    killed = tmp_path / "killed" / "digits" / whole.name  # as if killed at step 12, after a checkpoint mid-epoch
+    shutil.copytree(whole, killed)  # (step 8) or at an epoch's end (step 12), with the rows it logged past it
+    shutil.copy(killed / "checkpoints" / checkpoint, killed / "checkpoints" / "last.ckpt")
     header, *rows = (whole / "metrics.csv").read_text().splitlines(keepends=True)
     step = header.rstrip().split(",").index("step")
     (killed / "metrics.csv").write_text(header + "".join(r for r in rows if int(r.split(",")[step]) <= 12))

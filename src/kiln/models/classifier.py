@@ -117,6 +117,7 @@ class Classifier(LightningModule):
         self.test_confusion = MulticlassConfusionMatrix(num_classes)  # read by ConfusionMatrixReport
         self._loss_sum: Tensor | None = None
         self._loss_count = 0
+        self._counted_epoch: int | None = None  # the epoch a resumed checkpoint's training counts belong to
 
     def setup(self, stage: str) -> None:
         shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
@@ -137,6 +138,10 @@ class Classifier(LightningModule):
         return self.current_epoch < self.freeze_backbone_epochs
 
     def on_train_epoch_start(self) -> None:
+        if self._counted_epoch is not None and self._counted_epoch != self.current_epoch:
+            self.train_acc.reset()  # the resumed checkpoint was saved once its epoch had ended: a new one starts
+            self._loss_sum, self._loss_count = None, 0
+        self._counted_epoch = None
         if self.freeze_backbone_epochs:
             hold_statistics(self.net, frozen=self._backbone_frozen())
             if self.current_epoch == self.freeze_backbone_epochs:
@@ -187,7 +192,8 @@ class Classifier(LightningModule):
         with self.train_acc.sync_context():
             state = self.train_acc.metric_state
             counts = {name: torch.as_tensor(value).detach().clone() for name, value in state.items()}
-        checkpoint["train_metrics"] = {"train_acc": counts, "loss_sum": self._loss_sum, "loss_count": self._loss_count}
+        checkpoint["train_metrics"] = {"epoch": self.current_epoch, "train_acc": counts, "loss_sum": self._loss_sum,
+                                       "loss_count": self._loss_count}  # fmt: skip
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("train_metrics")
@@ -199,6 +205,7 @@ class Classifier(LightningModule):
         loss_sum = saved["loss_sum"]
         self._loss_sum = loss_sum.to(self.device) if loss_sum is not None else None
         self._loss_count = saved["loss_count"]
+        self._counted_epoch = saved.get("epoch")
 
     def _evaluate(self, batch: Batch, loss: MeanMetric, accuracy: MulticlassAccuracy) -> Tensor:
         """Accumulate on the device; the epoch-end hooks log once (no ``self.log`` per batch)."""
