@@ -110,7 +110,7 @@ def _logged_offline(reference: Reference, root: Path, why: str) -> tuple[Path, s
                     found.append((run_file.stat().st_mtime, order, run_file, record.artifact))
     if not found:
         logged = "; ".join(sorted(names)) or "none"
-        raise UsageError(f"--ckpt_path {reference}: W&B is not reachable ({why}), and no run under {root.resolve()} "
+        raise UsageError(f"--ckpt_path {reference}: not asked of W&B ({why}), and no run under {root.resolve()} "
                          f"logged it offline (model versions there: {logged})")  # fmt: skip
     _, _, run_file, artifact = max(found, key=lambda f: f[:2])
     entry = next((e for e in artifact.manifest.contents if e.path.endswith(".ckpt")), None)
