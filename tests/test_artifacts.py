@@ -7,6 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import fake_wandb
 import pytest
 from helpers import LIMIT
 
@@ -74,10 +75,8 @@ def test_a_wandb_version_resolves_offline_for_fit_test_predict_and_export_and_a_
     assert "has changed since, and W&B's artifact cache" in capsys.readouterr().err
 
     # W&B's artifact cache holds the version (as `wandb sync` or a download leaves it): read from there
+    fake_wandb.put_in_cache(tmp_path / "wandb-cache", logged)
     digest = hashlib.md5(logged).hexdigest()
-    cached = tmp_path / "wandb-cache" / "artifacts" / "obj" / "md5" / digest[:2] / digest[2:]
-    cached.parent.mkdir(parents=True)
-    cached.write_bytes(logged)
     main(["fit", *LIMIT, "--ckpt_path", f"wandb:kiln/model-{run_id}:latest", "--trainer.max_epochs", "3",
           "--trainer.logger", "false"])  # fmt: skip
     newest = max(d for d in Path("runs/digits").iterdir() if d.name[0].isdigit())  # a fit's, not a test's

@@ -171,7 +171,7 @@ class KilnCLI(LightningCLI):
                 raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
             print(f"--ckpt_path best: {best}", file=sys.stderr)
             ckpt_path = config.ckpt_path = str(best)
-        if isinstance(ckpt_path, str) and ckpt_path.startswith(wandb_checkpoints.PREFIX):
+        if wandb_checkpoints.names_a_version(ckpt_path):
             ckpt_path = config.ckpt_path = str(wandb_checkpoints.resolve(ckpt_path, config.run.root))
         if ckpt_path == "last":
             found = latest_checkpoint(config.run.root, config.run.name, pick)
@@ -382,7 +382,7 @@ def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
         if key == "--ckpt_path":
             value = value if has_value else (given[i + 1] if i + 1 < len(given) else "")
             found = value not in ("", "best", "last", "hpc", "null", "None")
-            return (command, value) if found and not value.startswith(wandb_checkpoints.PREFIX) else None
+            return (command, value) if found and not wandb_checkpoints.names_a_version(value) else None
     return None
 
 

@@ -228,7 +228,7 @@ def export_command(args: list[str]) -> None:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
-    version = options.ckpt_path if options.ckpt_path.startswith(wandb_checkpoints.PREFIX) else None
+    version = options.ckpt_path if wandb_checkpoints.names_a_version(options.ckpt_path) else None
     ckpt_path = str(wandb_checkpoints.resolve(version, "runs")) if version else options.ckpt_path
     folder = Path(ckpt_path).resolve().parent  # a run's checkpoints/, or a downloaded W&B version's folder
     output = options.output or (folder.parent if folder.name == "checkpoints" else folder) / "export"

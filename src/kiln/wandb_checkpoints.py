@@ -37,6 +37,11 @@ class Reference:
         return f"{PREFIX}{self.entity + '/' if self.entity else ''}{self.project}/{self.name}:{self.alias}"
 
 
+def names_a_version(value: object) -> bool:
+    """Whether a ``--ckpt_path`` value names a W&B version (``wandb:…``) rather than a file."""
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
 def parse(value: str) -> Reference:
     """The parts of a ``wandb:`` reference, or one line showing its form."""
     path, colon, alias = value.removeprefix(PREFIX).rpartition(":")
@@ -94,35 +99,33 @@ def _checkpoint_in(folder: Path, reference: Reference) -> Path:
 
 def _logged_offline(reference: Reference, root: Path, why: str) -> tuple[Path, str]:
     """The newest version with the alias among the offline runs under ``root``, its file checked by MD5."""
-    found: list[tuple[float, int, Path, Any]] = []  # (run file time, record order, run file, artifact record)
+    found: list[tuple[float, int, Path, dict[str, Any]]] = []  # (run file time, order in it, run file, artifact)
     names: set[str] = set()
     for run_file in sorted(root.glob("**/wandb/*run-*/run-*.wandb")):
-        project, entity = "", ""
-        for order, record in enumerate(wandb_offline.records(run_file)):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                project, entity = record.run.project, record.run.entity
-            elif kind == "artifact" and record.artifact.type == "model" and project == reference.project:
-                if reference.entity and entity and entity != reference.entity:
-                    continue
-                names.add(f"{record.artifact.name}:{','.join(record.artifact.aliases)}")
-                if record.artifact.name == reference.name and reference.alias in record.artifact.aliases:
-                    found.append((run_file.stat().st_mtime, order, run_file, record.artifact))
+        for order, artifact in enumerate(wandb_offline.artifacts(run_file)):
+            entity = artifact["entity"]
+            if artifact["type"] != "model" or artifact["project"] != reference.project:
+                continue
+            if reference.entity and entity and entity != reference.entity:
+                continue
+            names.add(f"{artifact['name']}:{','.join(artifact['aliases'])}")
+            if artifact["name"] == reference.name and reference.alias in artifact["aliases"]:
+                found.append((run_file.stat().st_mtime, order, run_file, artifact))
     if not found:
         logged = "; ".join(sorted(names)) or "none"
         raise UsageError(f"--ckpt_path {reference}: not asked of W&B ({why}), and no run under {root.resolve()} "
                          f"logged it offline (model versions there: {logged})")  # fmt: skip
     _, _, run_file, artifact = max(found, key=lambda f: f[:2])
-    entry = next((e for e in artifact.manifest.contents if e.path.endswith(".ckpt")), None)
+    entry = next((e for e in artifact["entries"] if e["path"].endswith(".ckpt")), None)
     if entry is None:
         raise UsageError(f"--ckpt_path {reference}: the version {run_file.parent.name} logged holds no .ckpt file")
-    source = f"logged offline by {run_file.parent.name}, file MD5 {_hex(entry.digest)}"
-    if _md5(Path(entry.local_path)) == entry.digest:  # where the run logged it, unchanged: beside its run's files
-        return Path(entry.local_path), source
-    cached = _cache_path(entry.digest)
-    if _md5(cached) == entry.digest:
-        return _copied(cached, reference, entry.digest), f"{source}, from W&B's artifact cache"
-    raise UsageError(f"--ckpt_path {reference}: the file {run_file.parent.name} logged ({entry.local_path}) has "
+    source = f"logged offline by {run_file.parent.name}, file MD5 {_hex(entry['digest'])}"
+    if _md5(Path(entry["local_path"])) == entry["digest"]:  # where the run logged it, unchanged: beside its run's files
+        return Path(entry["local_path"]), source
+    cached = _cache_path(entry["digest"])
+    if _md5(cached) == entry["digest"]:
+        return _copied(cached, reference, entry["digest"]), f"{source}, from W&B's artifact cache"
+    raise UsageError(f"--ckpt_path {reference}: the file {run_file.parent.name} logged ({entry['local_path']}) has "
                      f"changed since, and W&B's artifact cache ({cached}) does not hold it; `wandb sync` the run "
                      "and resolve it online, or name a checkpoint file")  # fmt: skip
 

@@ -62,14 +62,20 @@ def records(path: Path) -> Iterator[Any]:
 
 
 def artifacts(path: Path) -> list[dict[str, Any]]:
-    """The artifacts the offline run logged: name, type, aliases, metadata and the files of each version."""
-    found = []
+    """The artifacts the offline run logged, in order: name, type, aliases, metadata, the run's project and
+    entity, and the files of each version (``files``: their names; ``entries``: name, MD5 and where it was)."""
+    found, run = [], {"project": "", "entity": ""}
     for record in records(path):
-        if record.WhichOneof("record_type") == "artifact":
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = {"project": record.run.project, "entity": record.run.entity}
+        elif kind == "artifact":
             artifact = record.artifact
+            entries = [{"path": e.path, "digest": e.digest, "local_path": e.local_path}
+                       for e in artifact.manifest.contents]  # fmt: skip
             found.append({"name": artifact.name, "type": artifact.type, "aliases": list(artifact.aliases),
-                          "metadata": json.loads(artifact.metadata or "{}"), "digest": artifact.digest,
-                          "files": [entry.path for entry in artifact.manifest.contents]})  # fmt: skip
+                          "metadata": json.loads(artifact.metadata or "{}"), "digest": artifact.digest, **run,
+                          "files": [e["path"] for e in entries], "entries": entries})  # fmt: skip
     return found
 
 

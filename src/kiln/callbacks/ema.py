@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -96,17 +94,12 @@ class EMA(EMAWeightAveraging):
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
-        if self._raw is not None:
-            with self._logs_of(self._raw):
-                self._raw.validation_step(batch, batch_idx)
+        self._on_raw("validation_step", batch, batch_idx)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return
-        if self._raw is not None:
-            with self._logs_of(self._raw):
-                self._raw.on_validation_epoch_end()
-            self._end_raw(pl_module)
+        self._end_raw(pl_module, "on_validation_epoch_end")
         super().on_validation_epoch_end(trainer, pl_module)
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -117,33 +110,34 @@ class EMA(EMAWeightAveraging):
 
     def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:  # fmt: skip
-        if self._raw is not None:
-            with self._logs_of(self._raw):
-                self._raw.test_step(batch, batch_idx)
+        self._on_raw("test_step", batch, batch_idx)
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._raw is not None:
-            with self._logs_of(self._raw):
-                self._raw.on_test_epoch_end()
-            self._end_raw(pl_module)
+        self._end_raw(pl_module, "on_test_epoch_end")
         self._raw_state = None
 
     def _begin_raw(self, raw: LightningModule) -> None:
         self._raw, self._raw_training, self._raw_logged = raw, raw.training, {}
         raw.eval()
 
-    def _end_raw(self, pl_module: LightningModule) -> None:
-        """Log what the raw weights' model logged, each name's mean (``val/acc`` as ``val_raw/acc``)."""
+    def _end_raw(self, pl_module: LightningModule, epoch_end: str) -> None:
+        """Run the raw weights' model's epoch-end hook, then log what it logged, each name's mean (``val/acc`` as
+        ``val_raw/acc``)."""
+        if self._raw is None:
+            return
+        self._on_raw(epoch_end)
         for name, values in self._raw_logged.items():
             stage, slash, rest = name.partition("/")
             pl_module.log(f"{stage}_raw/{rest}" if slash else f"{name}_raw", torch.stack(values).mean(), sync_dist=True)
-        assert self._raw is not None
         self._raw.train(self._raw_training)
         self._raw, self._raw_logged = None, {}
 
-    @contextmanager
-    def _logs_of(self, raw: LightningModule) -> Iterator[None]:
-        """What ``raw`` logs, kept: a copy outside the Trainer cannot log (a metric object computed, then reset)."""
+    def _on_raw(self, hook: str, *args: Any) -> None:
+        """The LightningModule hook ``hook`` of the raw weights' model, what it logs kept: a copy outside the
+        Trainer cannot log (a metric object it logs is computed, then reset)."""
+        raw = self._raw
+        if raw is None:
+            return
 
         def keep(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
             if isinstance(value, Metric):
@@ -152,6 +146,6 @@ class EMA(EMAWeightAveraging):
 
         raw.log = keep  # type: ignore[method-assign]  # on this copy only, while its hook runs
         try:
-            yield
+            getattr(raw, hook)(*args)
         finally:
             del raw.log
