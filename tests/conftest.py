@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 from dataset_files import write_cifar10, write_mnist
 
-# what Lightning's DDP set-up exports: a test that inherits them starts its DDP child processes on another's port
-DDP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "RANK", "LOCAL_WORLD_SIZE")
+from kiln.process_group import DDP_ENV
+
+# a run folder, a cluster job, and what Lightning's DDP set-up (and torchrun) exports: a test that inherited them
+# would resume another's folder or start its DDP child processes on another's port
+INHERITED = (*(v for v in DDP_ENV if v != "OMP_NUM_THREADS"), "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GROUP_RANK",
+             "RANK", "LOCAL_WORLD_SIZE")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -26,10 +30,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    for var in ("KILN_RUN_DIR", "LOCAL_RANK", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", *DDP_VARIABLES):
+    for var in INHERITED:
         monkeypatch.delenv(var, raising=False)
     yield tmp_path
-    monkeypatch.undo()
     os.environ.clear()
     os.environ.update(before)
 
