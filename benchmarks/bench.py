@@ -35,7 +35,7 @@ ROOT = HERE.parent
 # (the ResNet's width is set: a class_path switch keeps init_args the new class accepts, like SmallCNN's 32)
 RESNET = [
     "--model.init_args.net",
-    "kiln.nets.ResNet",
+    "research.nets.ResNet",
     "--model.init_args.net.init_args.width",
     "16",
     "--data",
@@ -81,7 +81,7 @@ def with_batch_size(args: list[str], batch_size: int) -> list[str]:
 
 def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
     """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
-    from kiln.nets import ResNet
+    from research.nets import ResNet
 
     return ResNet(in_channels=3, num_classes=10), *((256, 64) if small else (50000, GPU_BATCH))
 
@@ -104,8 +104,8 @@ def run_raw(
     if workload == "default":
         from torchvision.transforms import v2
 
-        from kiln.data.digits import load_digits
-        from kiln.nets import SmallCNN
+        from research.data.digits import load_digits
+        from research.nets import SmallCNN
 
         images, labels = load_digits()
         images = (images.float().div(16).unsqueeze(1) - 0.3053) / 0.3760
@@ -123,7 +123,7 @@ def run_raw(
         train_set: TensorDataset = Augmented(images[train], labels[train])
         val_set = TensorDataset(images[val], labels[val])
         if kind == "raw_batched":  # the template's batches: whole-batch fetch, seeded augmentation, its split
-            from kiln.data import DigitsDataModule
+            from research.data import DigitsDataModule
 
             data = DigitsDataModule(batch_size=batch_size, num_workers=0)
             data.setup("fit")

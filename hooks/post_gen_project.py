@@ -1,4 +1,4 @@
-"""Turn the copied template into the new project: rename the package and strip template-only parts.
+"""Turn the copied template into the new project: rename the research package and strip template-only parts.
 
 Cookiecutter renders this file with the answers, then runs it inside the new project folder.
 """
@@ -11,7 +11,11 @@ import shutil
 import sys
 from pathlib import Path
 
-OLD = "kiln"
+ENGINE = "kiln"  # the engine: never renamed, updated whole by `cruft update`
+OLD = "research"  # the research package: becomes the project's own
+# the package's name where code or a path names it (research.nets, src/research/, `research`, "research",
+# import research), never the word in prose ("research code")
+NAMED = re.compile(rf"(?<![\w.-]){OLD}(?=\.\w|/|`|\"|'|\s+import\b)|(?<=\bimport ){OLD}\b")
 PACKAGE = "{{ cookiecutter.package_name }}"
 SLUG = "{{ cookiecutter.project_slug }}"
 # free text as JSON string literals (ASCII, every quote and backslash escaped): also valid Python literals,
@@ -29,7 +33,7 @@ OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neithe
 LINKED = [".ci", ".devcontainer", ".dockerignore", ".env.example", ".github", "gitignore", ".pre-commit-config.yaml",
           "Dockerfile", "Makefile", "README.md", "benchmarks", "configs", "notebooks", "pyproject.toml", "scripts",
           "src", "tests", "uv.lock"]  # fmt: skip
-TEMPLATE_ONLY = ["tests/test_template.py"]
+TEMPLATE_ONLY = ["tests/engine"]  # the engine's own suite: it runs in the template's CI
 TEXT_SUFFIXES = {
     ".py",
     ".toml",
@@ -84,7 +88,7 @@ def rewrite(path: Path) -> None:
     except UnicodeDecodeError:  # a binary file without a suffix (a cache copied from a working tree): no names in it
         return
     if path.name in ("pyproject.toml", "uv.lock"):  # the distribution's name
-        text = re.sub(rf'^name = "{OLD}"$', f'name = "{SLUG}"', text, flags=re.MULTILINE)
+        text = re.sub(rf'^name = "{ENGINE}"$', f'name = "{SLUG}"', text, flags=re.MULTILINE)
     if path.name == "pyproject.toml":
         described = "description = " + json.dumps(DESCRIPTION, ensure_ascii=False)  # a TOML basic string
         text = re.sub(r"^description = .*$", lambda _: described, text, flags=re.MULTILINE)  # taken as it is
@@ -93,9 +97,9 @@ def rewrite(path: Path) -> None:
     if path.name == "README.md" and path.parent == Path("."):
         body = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.DOTALL)
         text = f"# {NAME}\n\n{DESCRIPTION}\n\n" + body[body.index("## ") :]
-    text = re.sub(rf"\b{OLD}\b", PACKAGE, text)
-    text = re.sub(rf"\b{OLD.upper()}\b", PACKAGE.upper(), text)
-    path.write_text(text)
+    if path.name == "train.yaml":  # the W&B project the runs log to: the project's own
+        text = re.sub(rf"^(\s+project:) {ENGINE}$", rf"\1 {SLUG}", text, flags=re.MULTILINE)
+    path.write_text(NAMED.sub(PACKAGE, text))
 
 
 def main() -> None:
@@ -103,9 +107,11 @@ def main() -> None:
     Path("gitignore").rename(".gitignore")
     for leftover in [*Path(".").rglob("__pycache__"), *map(Path, TEMPLATE_ONLY)]:
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
-    Path("src", OLD).rename(Path("src", PACKAGE))
+    if PACKAGE != OLD:
+        Path("src", OLD).rename(Path("src", PACKAGE))
+    engine = Path("src", ENGINE)
     for path in sorted(Path(".").rglob("*")):
-        if path.is_file() and path.suffix in TEXT_SUFFIXES and ".git" not in path.parts:
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and ".git" not in path.parts and engine not in path.parents:
             rewrite(path)
     print(f"Created {NAME} in {Path.cwd()}: `cd {SLUG} && git init && make install && make test`")
 

@@ -8,8 +8,8 @@ import sys
 
 PACKAGE = "{{ cookiecutter.package_name }}"
 SLUG = "{{ cookiecutter.project_slug }}"
-# what the project imports (and its tests): a package of the same name would shadow it
-TAKEN = {"torch", "torchvision", "lightning", "pytorch_lightning", "lightning_utilities", "jsonargparse",
+# what the project imports (and its tests), the engine kiln among them: a package of the same name would shadow it
+TAKEN = {"kiln", "torch", "torchvision", "lightning", "pytorch_lightning", "lightning_utilities", "jsonargparse",
          "torchmetrics", "wandb", "rich", "pil", "numpy", "tensorboard", "optuna", "timm", "datasets", "litdata",
          "onnx", "onnxruntime", "onnxscript", "yaml", "pytest", "cookiecutter", "cruft", "mlflow", "tests"}  # fmt: skip
 

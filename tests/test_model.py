@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIGS
 
 from kiln.cli import build_cli
-from kiln.models import Classifier, WarmupCosineLR
-from kiln.nets import SmallCNN
+from kiln.training.schedules import WarmupCosineLR
+from research.models import Classifier
+from research.nets import SmallCNN
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_checkpoint_alone_rebuilds_model_with_identical_predictions() -> None:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kiln.nets import ResNet, SmallCNN
+from research.nets import ResNet, SmallCNN
 
 
 @pytest.mark.parametrize("net_class", [SmallCNN, ResNet])

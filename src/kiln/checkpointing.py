@@ -14,6 +14,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from kiln.errors import KilnError
+from kiln.moved import rehome_checkpoint
 
 _UMASK = os.umask(0o022)  # read once (setting is the only way to read it) and put back
 os.umask(_UMASK)
@@ -52,7 +53,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool
         raise CheckpointError(f"checkpoint {path} is truncated, corrupted or not a checkpoint ({reason})") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dictionary")
-    return checkpoint
+    return rehome_checkpoint(checkpoint, str(path))
 
 
 TEMPORARY_GLOB = ".*.ckpt.*.tmp"  # what AtomicCheckpointIO writes before the rename

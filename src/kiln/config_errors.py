@@ -217,6 +217,14 @@ def nearest(word: str, options: Iterable[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+def _moved_hint(given: str) -> str:
+    """``; it moved to X: write that`` for a class path of before the move (kiln.moved)."""
+    from kiln.moved import new_home
+
+    new = new_home(given)
+    return f"; it moved to {new}: write that" if new else ""
+
+
 def describe(message: str, args: list[str], default_files: Iterable[str], known_keys: Callable[[], list[str]]) -> str:
     """One line for a jsonargparse error ``message``: where, which key, what is wrong, the nearest valid choice."""
     settings = sources(args, default_files)
@@ -250,11 +258,12 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         module, name = mistake.found
         given = f"{module}.{name}"
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-        hint = nearest(name, names).replace("mean ", f"mean {module}.")
+        hint = _moved_hint(given) or nearest(name, names).replace("mean ", f"mean {module}.")
         return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
     if mistake.kind == "module":
         given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
-        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}"
+        hint = _moved_hint(given)
+        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
     if mistake.kind == "key":
         key = mistake.found[0]
         where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)

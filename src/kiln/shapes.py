@@ -4,7 +4,7 @@
 (``link_arguments(..., apply_on="instantiate")``), so experiment files never restate them. A
 value the user writes for one of them anyway is kept only when it agrees with the data.
 
-One value goes the other way: a pretrained network (``kiln.nets.Timm`` with weights) declares the
+One value goes the other way: a pretrained network (the examples' ``Timm`` with weights) declares the
 normalisation its weights expect (``input_stats``), which becomes the data's ``mean``/``std``
 unless the user wrote them.
 """
@@ -91,7 +91,7 @@ class DataLinks:
                         f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
                         f"but the network takes in_channels: give the samples one (input_shape (1, "
                         f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
-                        "1-D samples (kiln.nets.MLP)"
+                        "1-D samples (an MLP)"
                     )
                 raise ConfigError(f"{target}: {name} declares no {attr}; declare it in the datamodule")
             if given is not None and not _same(given, declared):

@@ -1,20 +1,17 @@
-"""LightningDataModules: one per data source, all yielding ``(input, label)`` batches."""
+"""Reusable LightningDataModules and their parts: tensors in memory, image folders, HF datasets, streaming."""
 
 from kiln.data.base import TensorDataModule
-from kiln.data.digits import DigitsDataModule
 from kiln.data.folder import FolderDataModule
 from kiln.data.hf import HFDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
 from kiln.data.streaming import StreamingDataModule
 from kiln.data.synthetic import SyntheticDataModule
 from kiln.data.torchvision import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, TorchvisionDataModule
-from kiln.data.waveforms import WaveformsDataModule
 
 __all__ = [
     "BatchRandomAffine",
     "CIFAR10DataModule",
     "DeviceLoader",
-    "DigitsDataModule",
     "FashionMNISTDataModule",
     "FolderDataModule",
     "HFDataModule",
@@ -23,5 +20,4 @@ __all__ = [
     "SyntheticDataModule",
     "TensorDataModule",
     "TorchvisionDataModule",
-    "WaveformsDataModule",
 ]

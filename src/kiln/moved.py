@@ -1,0 +1,87 @@
+"""Class paths that moved: a checkpoint saved before the move still loads, and a config names the new path.
+
+The examples' networks, LightningModules and datasets left ``kiln`` for the research package (``kiln.nets.SmallCNN``
+is now ``<research>.nets.SmallCNN``); some engine classes moved between kiln's own folders (``ENGINE``).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cache
+from typing import Any
+
+import yaml
+
+from kiln.config_errors import import_class
+
+ENGINE = {
+    "kiln.models.WarmupCosineLR": "kiln.training.schedules.WarmupCosineLR",
+    "kiln.models.schedules.WarmupCosineLR": "kiln.training.schedules.WarmupCosineLR",
+}
+RESEARCH_FOLDERS = ("nets", "models", "data")  # what the research package holds, under the same folder names
+CLASS_KEYS = ("class_path", "_class_path")
+
+
+@cache
+def research_packages() -> tuple[str, ...]:
+    """The packages the default config's model and data come from (the research package), never kiln."""
+    from kiln.cli import config_dir
+
+    try:
+        defaults = yaml.safe_load((config_dir() / "train.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError, Exception):
+        return ()
+    found = [str((defaults.get(key) or {}).get("class_path", "")).split(".")[0] for key in ("model", "data")]
+    return tuple(dict.fromkeys(p for p in found if p and p != "kiln"))
+
+
+def new_home(path: str) -> str | None:
+    """Where the class an old ``kiln.…`` path named lives now; None if it did not move (or never existed)."""
+    if path in ENGINE:
+        return ENGINE[path]
+    parts = path.split(".")
+    if len(parts) < 3 or parts[0] != "kiln" or parts[1] not in RESEARCH_FOLDERS:
+        return None
+    for package in research_packages():
+        candidate = f"{package}.{parts[1]}.{parts[-1]}"
+        if import_class(candidate) is not None:
+            return candidate
+    return None
+
+
+def _rehome(node: Any, found: dict[str, str]) -> Any:
+    """``node`` with every class path that moved replaced by its new one (recorded in ``found``)."""
+    if isinstance(node, dict):
+        return {
+            key: _moved(value, found) if key in CLASS_KEYS and isinstance(value, str) else _rehome(value, found)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_rehome(value, found) for value in node]
+    return node
+
+
+def _moved(path: str, found: dict[str, str]) -> str:
+    if not path.startswith("kiln.") or import_class(path) is not None:
+        return path
+    new = new_home(path)
+    if new is None:
+        return path
+    found[path] = new
+    return new
+
+
+_said: set[tuple[str, str]] = set()
+
+
+def rehome_checkpoint(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+    """A checkpoint saved before the move, read with its classes' new paths (one line says which, once)."""
+    found: dict[str, str] = {}
+    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
+        if isinstance(checkpoint.get(key), dict) and (rehomed := _rehome(checkpoint[key], found)) != checkpoint[key]:
+            checkpoint[key] = type(checkpoint[key])(rehomed)
+    for old, new in found.items():
+        if (name, old) not in _said:
+            _said.add((name, old))
+            print(f"{name} names {old}, which moved: read as {new}", file=sys.stderr)
+    return checkpoint

@@ -1,0 +1,1 @@
+"""What runs inside the Trainer besides the callbacks: LR schedules."""

@@ -1,0 +1,65 @@
+"""Learning-rate schedules that torch does not ship as a single class."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from kiln.console import say
+
+
+class WarmupCosineLR(LambdaLR):
+    """Linear warm-up from ~0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR.
+
+    Step it every optimizer step. With ``total_steps=None``, the LightningModule
+    calls :meth:`set_total_steps` with the Trainer's estimate, so the schedule follows
+    ``max_epochs`` without editing YAML.
+
+    Args:
+        optimizer: The wrapped optimizer.
+        warmup_fraction: Share of ``total_steps`` spent warming up.
+        total_steps: Length of the schedule in optimizer steps.
+        min_lr_ratio: Final LR as a fraction of the base LR.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_fraction: float = 0.05,
+        total_steps: int | None = None,
+        min_lr_ratio: float = 0.0,
+    ) -> None:
+        if not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
+        self.warmup_fraction = warmup_fraction
+        self.total_steps = total_steps
+        self.min_lr_ratio = min_lr_ratio
+        self._follows_trainer = False  # total_steps came from the Trainer's estimate, not from the user
+        super().__init__(optimizer, self.factor)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Fix the schedule length after construction and reset the current LR to step 0's."""
+        self.total_steps, self._follows_trainer = total_steps, True
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = base_lr * self.factor(self.last_epoch)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def factor(self, step: int) -> float:
+        total = self.total_steps or 1
+        warmup = int(self.warmup_fraction * total)
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the position; a length taken from the Trainer follows the resumed run's, which may
+        train longer (a restored old length would hold the learning rate at 0 for the added steps)."""
+        total, follows = self.total_steps, self._follows_trainer
+        super().load_state_dict(state_dict)
+        if follows and total != self.total_steps:
+            say(f"learning-rate schedule: {total} steps for this run (the checkpoint's run had {self.total_steps})")
+            self.total_steps, self._follows_trainer = total, True

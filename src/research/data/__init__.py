@@ -1,0 +1,6 @@
+"""The data: LightningDataModules that declare what they produce (classes, sample shape, statistics)."""
+
+from research.data.digits import DigitsDataModule
+from research.data.waveforms import WaveformsDataModule
+
+__all__ = ["DigitsDataModule", "WaveformsDataModule"]

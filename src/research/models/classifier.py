@@ -1,0 +1,256 @@
+"""Classification around any injected ``nn.Module``: images, signals, sequences or feature vectors."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from kiln.console import say
+from kiln.errors import ConfigError
+from kiln.logging_steps import writes_logs_after
+from kiln.training.schedules import WarmupCosineLR
+from research.models.backbone import drop_gradients, hold_statistics, param_groups, split
+
+Batch = tuple[Tensor, Tensor]
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    """The default experiment's optimizer (configs/train.yaml), for a model built in Python."""
+    return torch.optim.AdamW(params, lr=3e-3, weight_decay=1e-2, fused=True)
+
+
+def _warmup_cosine(optimizer: torch.optim.Optimizer) -> WarmupCosineLR:
+    """The default experiment's schedule (configs/train.yaml), for a model built in Python."""
+    return WarmupCosineLR(optimizer, warmup_fraction=0.05)
+
+
+class Classifier(LightningModule):
+    """Cross-entropy training, accuracy metrics and probability predictions for ``net``.
+
+    Args:
+        net: The architecture (any ``nn.Module`` mapping a batch of inputs to ``num_classes`` logits).
+        num_classes: Number of classes; sizes the metrics. The CLI links it from the data.
+        optimizer: Builds the optimizer from the parameters (``class_path`` in YAML).
+        scheduler: Builds an LR scheduler from the optimizer; ``None`` keeps the LR constant.
+        scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
+        label_smoothing: Cross-entropy label smoothing.
+        compile: ``torch.compile`` the network (never this LightningModule, so ``self.log`` keeps
+            working); its parameter names do not change, so checkpoints load either way.
+        compile_mode: ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``).
+        compile_dynamic: ``torch.compile``'s ``dynamic``. ``False``: one graph per batch shape, each
+            specialised; with torch's automatic choice (``None``) an epoch's last, smaller batch turns
+            the network into a shape-generic graph that every later batch then runs. ``None`` suits
+            inputs whose length varies from batch to batch (more than torch's 8 recompilations).
+        channels_last: Keep weights and inputs in NHWC layout, faster for convolutions on GPUs
+            with tensor cores (use with ``bf16-mixed``/``16-mixed``). Images only: for other
+            inputs it is left off, with one line saying so.
+        backbone_lr_ratio: Fine-tuning: the learning rate of the network's backbone (all but its
+            ``head``) as a fraction of the head's, as two optimizer parameter groups that the
+            LR monitor logs as ``lr-<Optimizer>/backbone`` and ``/head``; the schedule scales both.
+        freeze_backbone_epochs: Fine-tuning: train only the head for this many epochs, with the
+            backbone's weights and batch-norm statistics held as they are, then everything.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: OptimizerCallable = _adamw,
+        scheduler: LRSchedulerCallable | None = _warmup_cosine,
+        scheduler_interval: Literal["step", "epoch"] = "step",
+        label_smoothing: float = 0.0,
+        compile: bool = False,
+        compile_mode: str | None = None,
+        compile_dynamic: bool | None = False,
+        channels_last: bool = False,
+        backbone_lr_ratio: float = 1.0,
+        freeze_backbone_epochs: int = 0,
+    ) -> None:
+        super().__init__()
+        # Under LightningCLI this stores the YAML config of `net`, optimizer and scheduler, so
+        # `load_from_checkpoint` rebuilds them; objects built in Python are not stored (pass them again).
+        with warnings.catch_warnings():  # Lightning warns about `net` objects, which are dropped just below
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
+            self.save_hyperparameters(frame=inspect.currentframe())  # passed, never stored: no reference cycle
+        for key in [k for k, v in self.hparams.items() if callable(v)]:
+            del self.hparams[key]
+        self.net = net
+        self.channels_last = channels_last
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if compile:
+            # in place: same state_dict keys, no `_orig_mod.` prefix
+            self.net.compile(mode=compile_mode, dynamic=compile_dynamic)
+        self.num_classes = num_classes
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.label_smoothing = label_smoothing
+        if backbone_lr_ratio <= 0 or freeze_backbone_epochs < 0:
+            raise ConfigError(
+                f"model.backbone_lr_ratio {backbone_lr_ratio}, model.freeze_backbone_epochs {freeze_backbone_epochs}: "
+                "the ratio must be above 0 (to hold the backbone, freeze it) and the epochs 0 or more"
+            )
+        self.backbone_lr_ratio = backbone_lr_ratio
+        self.freeze_backbone_epochs = freeze_backbone_epochs
+        self._backbone: list[nn.Parameter] = []  # what freezing holds; a network without a head stops here
+        if freeze_backbone_epochs or backbone_lr_ratio != 1:
+            why = "model.freeze_backbone_epochs" if freeze_backbone_epochs else "model.backbone_lr_ratio"
+            self._backbone = split(net, why)[0]
+        # labels are range-checked by cross-entropy itself (and BatchSanityCheck): skip the per-step re-check
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # per-sample mean losses, synced over ranks by torchmetrics; NaN is kept, not dropped
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # read by ConfusionMatrixReport
+        self._loss_sum: Tensor | None = None
+        self._loss_count = 0
+        self._counted_epoch: int | None = None  # the epoch a resumed checkpoint's training counts belong to
+
+    def setup(self, stage: str) -> None:
+        shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
+        if self.channels_last and shape is not None and len(shape) != 3:
+            say(f"model.channels_last: off, as samples of shape {tuple(shape)} are not images (C, H, W)")
+            self.channels_last = False
+            self.net.to(memory_format=torch.contiguous_format)
+        # an input of the data's shape: the model summary then shows real FLOPs and in/out sizes
+        # (not for a net that declares other channels: BatchSanityCheck names that mismatch in one line)
+        if shape is None or getattr(self.net, "in_channels", shape[0]) != shape[0]:
+            return
+        if self.hparams.get("compile"):  # the summary's forward would compile the net for a batch of one
+            return
+        if self.example_input_array is None:
+            self.example_input_array = torch.zeros(1, *shape)
+
+    def _backbone_frozen(self) -> bool:
+        return self.current_epoch < self.freeze_backbone_epochs
+
+    def on_train_epoch_start(self) -> None:
+        if self._counted_epoch is not None and self._counted_epoch != self.current_epoch:
+            self.train_acc.reset()  # the resumed checkpoint was saved once its epoch had ended: a new one starts
+            self._loss_sum, self._loss_count = None, 0
+        self._counted_epoch = None
+        if self.freeze_backbone_epochs:
+            hold_statistics(self.net, frozen=self._backbone_frozen())
+            if self.current_epoch == self.freeze_backbone_epochs:
+                say(f"epoch {self.current_epoch}: the backbone trains from now on (model.freeze_backbone_epochs)")
+
+    def on_after_backward(self) -> None:
+        if self.freeze_backbone_epochs and self._backbone_frozen():
+            drop_gradients(self._backbone)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    def _loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y, label_smoothing=self.label_smoothing)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self._loss(logits, y)
+        self.train_acc.update(logits.detach(), y)  # logged once per epoch, not per step
+        self._log_train_loss(loss.detach(), batch_idx)
+        return loss
+
+    def _log_train_loss(self, loss: Tensor, batch_idx: int) -> None:
+        """Log the mean loss since the last log, on the steps Lightning writes and at each epoch end.
+
+        Summing on the device never syncs; a ``self.log`` per step would (benchmarks/README.md).
+        """
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        self._loss_count += 1
+        trainer = self.trainer
+        last_batch = batch_idx + 1 >= trainer.num_training_batches
+        if (batch_idx + 1) % trainer.accumulate_grad_batches and not last_batch:
+            return  # mid-accumulation: the optimizer step (and any write) comes with a later batch
+        if writes_logs_after(trainer, self.global_step) or last_batch:
+            self.log("train/loss", self._loss_sum / self._loss_count, prog_bar=True)
+            self._loss_sum, self._loss_count = None, 0
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/acc", self.train_acc)  # computed over the epoch (and all ranks), then reset
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """What the epoch's training metrics have counted so far, so that a resume mid-epoch logs what the
+        uninterrupted run logs: ``train/acc`` over the whole epoch (every rank's counts, summed; a collective,
+        as every rank saves) and ``train/loss`` over the steps since its last log."""
+        with self.train_acc.sync_context():
+            state = self.train_acc.metric_state
+            counts = {name: torch.as_tensor(value).detach().clone() for name, value in state.items()}
+        checkpoint["train_metrics"] = {"epoch": self.current_epoch, "train_acc": counts, "loss_sum": self._loss_sum,
+                                       "loss_count": self._loss_count}  # fmt: skip
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("train_metrics")
+        if saved is None or self._trainer is None or self.trainer.state.fn != TrainerFn.FITTING:
+            return
+        if self.global_rank == 0:  # the sum of every rank's counts: once
+            for name, value in saved["train_acc"].items():
+                setattr(self.train_acc, name, value.to(self.device))
+        loss_sum = saved["loss_sum"]
+        self._loss_sum = loss_sum.to(self.device) if loss_sum is not None else None
+        self._loss_count = saved["loss_count"]
+        self._counted_epoch = saved.get("epoch")
+
+    def _evaluate(self, batch: Batch, loss: MeanMetric, accuracy: MulticlassAccuracy) -> Tensor:
+        """Accumulate on the device; the epoch-end hooks log once (no ``self.log`` per batch)."""
+        x, y = batch
+        logits = self(x)
+        loss.update(self._loss(logits, y), weight=len(y))
+        accuracy.update(logits, y)
+        return logits
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss, self.val_acc)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/loss", self.val_loss)  # epoch means over every sample of every rank, then reset
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        logits = self._evaluate(batch, self.test_loss, self.test_acc)
+        self.test_confusion.update(logits, batch[1])
+        return logits  # for callbacks (ConfidentMistakes); Lightning keeps no test outputs
+
+    def on_test_epoch_end(self) -> None:
+        self.log("test/loss", self.test_loss)
+        self.log("test/acc", self.test_acc, prog_bar=True)
+
+    def predict_step(self, batch: Batch | Tensor, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        """Class probabilities; the Trainer already runs this under ``torch.inference_mode``."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x).softmax(dim=-1)
+
+    def configure_optimizers(self) -> Any:
+        if self.backbone_lr_ratio == 1:
+            optimizer = self.optimizer_factory(self.parameters())
+        else:
+            optimizer = self.optimizer_factory(param_groups(self.net, "model.backbone_lr_ratio"))
+            optimizer.param_groups[0]["lr"] *= self.backbone_lr_ratio  # before the scheduler reads its base LRs
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        if isinstance(scheduler, WarmupCosineLR) and self.scheduler_interval != "step":
+            raise ConfigError(
+                "model.scheduler_interval: epoch steps WarmupCosineLR once per epoch, but its length is in optimizer "
+                "steps: the warm-up would span the whole run and the learning rate never decay. Use "
+                "scheduler_interval: step, or a per-epoch schedule (torch.optim.lr_scheduler.CosineAnnealingLR)"
+            )
+        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
+            scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}

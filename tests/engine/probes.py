@@ -1,0 +1,184 @@
+"""Instruments for effect tests, importable by ``class_path``: fixed data order, recording optimizers, rank dumps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger
+from torch.utils.data import DataLoader, DistributedSampler
+
+from research.data import DigitsDataModule
+
+
+class FixedOrderDigits(DigitsDataModule):
+    """Digits whose training batches come in dataset order, so runs can be compared batch by batch.
+
+    Under DDP, Lightning would swap in a *shuffling* DistributedSampler for any training loader; an
+    explicit non-shuffling one is kept, giving rank r the samples r, r + world_size, ...
+    """
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = super().train_dataloader().dataset
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        if world_size == 1:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+        assert self.trainer is not None
+        sampler: DistributedSampler = DistributedSampler(dataset, world_size, self.trainer.global_rank, shuffle=False)
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler)
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that records the total gradient norm it is handed at each step (after any clipping)."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.seen_norms: list[float] = []
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None  # Lightning passes the forward/backward as a closure
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.seen_norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        super().step()
+        return loss
+
+
+class SaveRankWeights(Callback):
+    """Writes each rank's final parameters and logged metrics to ``<dirpath>/rank<N>.pt``."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        torch.save({"state": state, "metrics": metrics}, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
+
+
+class SignalAtStep(Callback):
+    """Sends a real signal after optimizer step ``step``, once (a marker file remembers): to this process,
+    with ``group`` to its whole process group, DataLoader workers included, as SLURM and systemd do, or
+    with ``parent`` to the process that started this one (a sweep's driver) only."""
+
+    def __init__(
+        self, step: int, marker: str, name: str = "SIGTERM", group: bool = False, only_in: str | None = None,
+        parent: bool = False,
+    ) -> None:  # fmt: skip
+        self.step, self.marker, self.signal, self.group = step, Path(marker), signal.Signals[name], group
+        self.only_in = only_in  # fire only in a run whose folder path holds this (one trial of a sweep)
+        self.parent = parent
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if self.only_in is not None and self.only_in not in str(trainer.default_root_dir):
+            return
+        if trainer.global_step == self.step and not self.marker.exists():
+            self.marker.touch()
+            if self.group:  # from another process, as SLURM's: workers die at once if not their parent's
+                subprocess.run(["kill", f"-{self.signal.name}", "--", f"-{os.getpgrp()}"], check=False)
+            else:
+                os.kill(os.getppid() if self.parent else os.getpid(), self.signal)
+
+
+class SignalInEvaluation(Callback):
+    """Sends a real signal to this process after batch ``batch`` of an evaluation ``stage`` (``validate``,
+    ``test``, ``predict``; in ``fit``, of epoch ``epoch``), once (a marker file remembers)."""
+
+    def __init__(self, stage: str, batch: int, marker: str, name: str = "SIGTERM", epoch: int | None = None) -> None:
+        self.stage, self.batch, self.marker, self.signal, self.epoch = stage, batch, Path(marker), name, epoch
+
+    def _maybe_send(self, trainer: Trainer, batch_idx: int) -> None:
+        if trainer.sanity_checking or trainer.state.stage != self.stage or batch_idx != self.batch:
+            return
+        if (self.epoch is None or trainer.current_epoch == self.epoch) and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.Signals[self.signal])
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+    def on_predict_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+
+class RecordLabels(Callback):
+    """Appends each training batch's labels to ``path`` (one JSON list per line): which samples came when."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps(batch[1].tolist()) + "\n")
+
+
+class TeamWandb(WandbLogger):
+    """A user's subclass of Lightning's W&B logger (a team's defaults): kiln must treat it as W&B."""
+
+
+class RecordInputs(Callback):
+    """Writes a fingerprint of every training sample this rank saw to ``<folder>/inputs-rank<N>.json``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.seen: list[float] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self.seen += batch[0].flatten(1).sum(1).double().round(decimals=4).tolist()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        (self.folder / f"inputs-rank{trainer.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+class GRUNet(torch.nn.Module):
+    """A recurrent net over (C, L) signals, whose export makes torch's exporters warn at length."""
+
+    def __init__(self, num_classes: int, in_channels: int = 1, hidden: int = 16) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.gru = torch.nn.GRU(in_channels, hidden, batch_first=True)
+        self.head = torch.nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x.transpose(1, 2))
+        return self.head(out[:, -1])
+
+
+class RecordRestoredBest(Callback):
+    """Writes, as training starts (after a resume restored the callbacks), the best checkpoint it knows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        best = trainer.checkpoint_callback
+        score = getattr(best, "best_model_score", None)
+        recorded = {"path": getattr(best, "best_model_path", ""), "score": float(score) if score is not None else None}
+        Path(self.path).write_text(json.dumps(recorded))
+
+
+class SignalAtHook(Callback):
+    """Sends a real signal to this process in ``hook``: ``setup`` (before Lightning's own handler is
+    installed with the stage) or ``on_fit_end`` (after it is gone, before the test after fit)."""
+
+    def __init__(self, hook: str, name: str = "SIGTERM") -> None:
+        self.hook, self.signal = hook, signal.Signals[name]
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.hook == "setup":
+            os.kill(os.getpid(), self.signal)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.hook == "on_fit_end":
+            os.kill(os.getpid(), self.signal)

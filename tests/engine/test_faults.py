@@ -1,0 +1,245 @@
+"""Faults users and clusters deliver: each ends in one clear line, a kept run, or a correct resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dataset_files import write_image_folder
+from helpers import CONFIGS, LIMIT
+
+from kiln.boundary import main
+from kiln.checkpointing import load_checkpoint_file
+from kiln.cli import build_cli
+from kiln.runs import resolve_run_dir
+from kiln.training.schedules import WarmupCosineLR
+
+QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+
+
+def error_lines(capsys: pytest.CaptureFixture) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def exit_code(args: list[str]) -> int | str | None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code
+
+
+@pytest.mark.parametrize("mode", ["host", "device"], ids=["immediate", "deferred_on_device"])
+def test_a_skipped_step_leaves_batchnorm_statistics_as_before_it(tmp_path: Path, mode: str) -> None:
+    net = tmp_path / "nan_input.yaml"
+    net.write_text(
+        "model:\n  init_args:\n    net:\n      class_path: faulty.NaNInputAtStep\n"
+        "      init_args: {step: 3, in_channels: 1, num_classes: 10}\n"
+    )
+    skip = ["-c", str(CONFIGS / "callbacks" / "skip_nonfinite.yaml"), "--non_finite.mode", mode]
+    cli = build_cli(["fit", *LIMIT, "--trainer.logger", "false", "-c", str(net), *skip])
+    assert cli.test_metrics is not None and math.isfinite(cli.test_metrics["test/loss"])  # NaN statistics: NaN
+    checkpoints = list((Path(cli.trainer.default_root_dir) / "checkpoints").glob("*.ckpt"))
+    assert checkpoints
+    for path in checkpoints:
+        for name, tensor in torch.load(path, weights_only=True, map_location="cpu")["state_dict"].items():
+            assert torch.isfinite(tensor.float()).all(), f"{path.name}: {name}"
+
+
+def test_a_label_out_of_range_after_the_first_batch_is_one_line_naming_batch_and_sample(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    data = ["--data", "faulty.LabelsOutOfRange", "--trainer.callbacks", "[]"]  # no BatchSanityCheck to catch it
+    assert exit_code(["fit", *QUIET, *data]) == 1
+    (line,) = error_lines(capsys)
+    assert "train batch 0 of epoch 0: label 10 of sample" in line and "outside [0, 10)" in line
+
+
+@pytest.mark.parametrize(
+    ("fractions", "says"),
+    [("train", "the training set is empty"), ("val", "the validation set is empty")],
+)
+def test_an_empty_split_stops_in_one_line_and_leaves_no_run_folder(
+    capsys: pytest.CaptureFixture, fractions: str, says: str
+) -> None:
+    data = ["--data", "faulty.EmptySplit", "--data.empty", fractions]
+    assert exit_code(["fit", *QUIET, *data]) == 1
+    (line,) = error_lines(capsys)
+    assert says in line
+    assert not list(Path("runs/digits").glob("*"))  # failed before its first checkpoint: nothing left
+
+
+def test_enable_progress_bar_false_is_honoured() -> None:
+    cli = build_cli(
+        ["fit", *QUIET, "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+    )
+    assert cli.trainer.progress_bar_callback is None and cli.trainer.global_step == 10
+
+
+def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(capsys: pytest.CaptureFixture) -> None:
+    assert exit_code(["fit", *QUIET, "--data", "faulty.LabelsOutOfRange"]) == 1  # BatchSanityCheck: batch 0
+    err = capsys.readouterr().err
+    assert "removed " in err and "failed before it saved anything there" in err
+    assert not list(Path("runs/digits").glob("*"))
+
+
+def test_a_failed_command_never_removes_an_earlier_commands_folder(capsys: pytest.CaptureFixture) -> None:
+    main(["test", *QUIET])  # a successful command whose folder holds no checkpoint (a notebook's earlier cell)
+    (tested,) = Path("runs/digits").iterdir()
+    assert exit_code(["fit", "--trainer.max_epoch", "1"]) == 2  # fails before it has a folder of its own
+    assert tested.is_dir() and "removed" not in capsys.readouterr().err
+
+
+def test_ckpt_path_last_on_a_corrupt_file_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last"])
+    last = Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {last} is truncated, corrupted or not a checkpoint (UnpicklingError)"] or (
+        len(err) == 1 and str(last) in err[0] and "truncated, corrupted" in err[0]
+    )
+
+
+@pytest.mark.slow
+def test_a_slurm_job_resumes_only_its_own_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
+    build_cli(["fit", *QUIET, "--ckpt_path", "last"])
+    monkeypatch.setenv("SLURM_JOB_ID", "102")  # another job: another seed, say
+    monkeypatch.delenv("KILN_RUN_DIR", raising=False)
+    capsys.readouterr()
+    second = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--seed_everything", "7"])
+    assert "no checkpoint under" in capsys.readouterr().err
+    assert Path(second.trainer.default_root_dir).name == "job-102" and second.trainer.global_step == 10
+
+
+def _claim(root: str, start: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue) -> None:
+    start.wait()
+    out.put(str(resolve_run_dir(root, "race")))
+
+
+def test_runs_started_at_the_same_instant_never_share_a_folder(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    n = 8
+    start, out = context.Barrier(n), context.Queue()
+    processes = [context.Process(target=_claim, args=(str(tmp_path), start, out)) for _ in range(n)]
+    for process in processes:
+        process.start()
+    folders = [out.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join()
+    assert len(set(folders)) == n
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    runs = tmp_path / "small"
+    runs.mkdir()
+    # a 2 MiB filesystem: room for config, pictures and two ~0.7 MB checkpoints, not for the next write
+    kiln = [sys.executable, "-m", "kiln", "fit", *QUIET, "--run.root", str(runs), "--trainer.max_epochs", "3"]
+    check = (
+        "import glob; from kiln.checkpointing import load_checkpoint_file as load\n"
+        f"for p in sorted(glob.glob('{runs}/digits/*/checkpoints/*')): print('kept', p, load(p)['global_step'])"
+    )
+    mount = f"mount -t tmpfs -o size=2m tmpfs {runs}"
+    script = f'{mount} && {shlex.join(kiln)}; rc=$?; {sys.executable} -c "{check}"; exit $rc'
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert errors[0].startswith("error: no space left on device while writing ") and "intact" in errors[0]
+    kept = [line.split() for line in done.stdout.splitlines() if line.startswith("kept ")]
+    assert kept and all(path.endswith(".ckpt") for _, path, _ in kept)  # loadable, and no temporary file left
+    assert any(path.endswith("/last.ckpt") for _, path, _ in kept)
+
+
+def test_a_resume_that_changes_the_model_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--model.init_args.net.init_args.width", "16"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("error: model.init_args.net.init_args.width: the checkpoint ")
+    assert "was trained with 32, this command gives 16" in line
+    assert load_checkpoint_file(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
+@pytest.mark.slow
+def test_a_resume_onto_other_data_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])  # digits
+    write_image_folder(tmp_path / "images", classes=10, per_class=8)  # 10 classes of 8x8 grey images: same shape
+    folder = ["--data", "kiln.data.FolderDataModule", "--data.root", str(tmp_path / "images"), "--data.image_size",
+              "8", "--data.channels", "1", "--data.num_workers", "0"]  # fmt: skip
+    config = Path(first.trainer.default_root_dir) / "config.yaml"
+    before = config.read_text()
+    capsys.readouterr()
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", *folder]) == 1
+    (line,) = error_lines(capsys)
+    assert "data: the checkpoint" in line and "trained on research.data.DigitsDataModule, this command gives " in line
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.split_seed", "7"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("error: data.init_args.split_seed: the checkpoint ")
+    assert "with 0, this command gives 7" in line
+    assert config.read_text() == before  # the run is as it was
+    resumed = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.batch_size", "32"])
+    assert resumed.trainer.current_epoch == 2  # another batch size is the same data: resumed
+
+
+@pytest.mark.slow
+def test_a_resume_with_more_epochs_stretches_the_schedule_instead_of_training_at_lr_0() -> None:
+    build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])
+    longer = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "3"])
+    scheduler = longer.trainer.lr_scheduler_configs[0].scheduler
+    assert isinstance(scheduler, WarmupCosineLR)
+    assert scheduler.total_steps == 15  # the restored state said 5: steps 5-14 would have run at lr 0
+    assert 0 < scheduler.factor(7) < 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["test", "predict"])
+def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_half_written(
+    command: str, tmp_path: Path
+) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    fit = build_cli(["fit", *QUIET, "--run.root", str(tmp_path / "runs")])
+    last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    small = tmp_path / "small"  # 16 KiB: room for config.yaml, not for the confusion matrix or predictions.csv
+    small.mkdir()
+    kiln = [sys.executable, "-m", "kiln", command, "--ckpt_path", str(last), "--run.root", str(small),
+            "--trainer.logger", "false"]  # fmt: skip
+    left = f"find {small} -type f -printf 'left %p\\n'"
+    script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}; rc=$?; {left}; exit $rc"
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: no space left on the device: free some, or write elsewhere (--run.root, --output)"]
+    assert "Traceback" not in done.stderr and "left " not in done.stdout  # no file left: a 0-byte PNG was, before
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
+        pytest.skip("needs unshare to mount a small filesystem")
+    small = tmp_path / "wandb-disk"  # 16 KiB for W&B's files; the run folder on the ordinary disk
+    small.mkdir()
+    kiln = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger.init_args.save_dir", str(small), "--run.root", str(tmp_path / "runs")]  # fmt: skip
+    script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}"
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]  # was exit 1 with 45,954 lines, 988 of them logging errors
+    assert done.stderr.count("W&B: logging stopped (") == 1 and "Logging error" not in done.stderr
+    assert len(done.stderr.splitlines()) < 100
+    (run,) = (tmp_path / "runs" / "digits").iterdir()
+    assert "test" in json.loads((run / "metrics.json").read_text())  # the test after fit ran and was recorded

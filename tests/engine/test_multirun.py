@@ -1,0 +1,130 @@
+"""Seeds, folds and grids from one command, aggregated; finished runs are never trained again."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import CONFIGS, LIMIT
+
+from kiln.boundary import main
+from research.data import DigitsDataModule
+
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+WIDTH = "model.init_args.net.init_args.width"
+
+
+def scored(run_dir: Path, which: str) -> float:
+    """A run's test/acc of the ``best`` or ``last`` weights, from its metrics.json."""
+    results = json.loads((run_dir / "metrics.json").read_text())["test"]
+    return next(r["metrics"]["test/acc"] for r in results if which in r["label"].replace(" ", "").split("="))
+
+
+@pytest.mark.slow
+def test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing(capsys: pytest.CaptureFixture) -> None:
+    command = ["multirun", "--seeds", "0-1", "--grid", f"{WIDTH}=8,16", "--", *LIMIT, *QUIET]
+    main(command)
+    printed = capsys.readouterr()
+    per_run = [line for line in printed.err.splitlines() if line.startswith(("width=8/seed", "width=16/seed"))]
+    assert len(per_run) == 4 and all("test/acc @last" in line for line in per_run)  # one line per run ...
+    assert "Run summary" not in printed.out + printed.err  # ... not each run's own console
+    root = Path("runs/multirun/multirun")
+    folders = sorted(root.glob("width=*/seed*/2*"))
+    assert [f.parent.relative_to(root).as_posix() for f in folders] == [
+        "width=16/seed0", "width=16/seed1", "width=8/seed0", "width=8/seed1"]  # fmt: skip
+    with (root / "results.csv").open() as f:
+        rows = {(r["cell"], r["metric"]): r for r in csv.DictReader(f)}
+    for cell, which in [(c, w) for c in ("width=8", "width=16") for w in ("best", "last")]:
+        accs = [scored(d, which) for d in folders if d.parent.parent.name == cell]  # each run's own, by weights
+        row = rows[(cell, f"test/acc @{which}")]
+        assert float(row["mean"]) == pytest.approx(np.mean(accs)) and int(row["n"]) == 2
+        assert float(row["std"]) == pytest.approx(np.std(accs, ddof=1))
+        assert float(row["ci95"]) == pytest.approx(12.706 * np.std(accs, ddof=1) / np.sqrt(2))
+    report = (root / "results.md").read_text()
+    assert "| width=8 | test/acc @best |" in report and "| width=8 | test/acc @last |" in report
+    assert "@best: the checkpoint (and its epoch's validation) with the best val/loss" in report
+    capsys.readouterr()
+    main(command)
+    assert capsys.readouterr().err.count("done before with the same config") == 4
+    assert sorted(root.glob("width=*/seed*/2*")) == folders  # nothing new trained
+
+
+@pytest.mark.slow
+def test_a_rerun_with_other_settings_trains_again_and_reports_only_the_new_runs(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("trainer:\n  limit_train_batches: 3\n")
+    command = ["multirun", "--seeds", "0", "--", *LIMIT, *QUIET, "-c", str(extra)]
+    main(command)
+    root = Path("runs/multirun/multirun")
+    (first,) = root.glob("base/seed0/2*")
+    extra.write_text("trainer:\n  limit_train_batches: 4\n")  # the same command line, another config file
+    capsys.readouterr()
+    main(command)
+    assert "trained before with other settings (trainer.limit_train_batches 3 -> 4): training again" in (
+        capsys.readouterr().err
+    )
+    (second,) = set(root.glob("base/seed0/2*")) - {first}
+    assert json.loads((second / "metrics.json").read_text())["global_step"] == 2 * 4  # the new settings
+    with (root / "results.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc @last")
+    assert int(row["n"]) == 1 and float(row["mean"]) == pytest.approx(scored(second, "last"))  # never the stale run
+
+
+def test_an_empty_seed_range_and_every_run_failing_exit_non_zero(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["multirun", "--seeds", "3-1"])
+    assert stop.value.code == 2 and "--seeds '3-1': an empty range" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # the net cannot take a width of 0: every run fails
+        main(["multirun", "--seeds", "0-1", "--", *LIMIT, *QUIET, f"--{WIDTH}=0"])
+    assert stop.value.code == 1 and "every run failed (2)" in capsys.readouterr().err
+
+
+def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> None:
+    plain = DigitsDataModule(num_workers=0)
+    plain.setup()
+    rows = lambda data: {tuple(x.flatten().tolist()) for x in data.inputs}  # noqa: E731
+    pool = rows(plain.train_set) | rows(plain.val_set)
+    held_out = []
+    for fold in range(5):
+        data = DigitsDataModule(num_workers=0, num_folds=5, fold=fold)
+        data.setup()
+        assert rows(data.train_set) | rows(data.val_set) == pool and not rows(data.train_set) & rows(data.val_set)
+        assert torch.equal(data.test_set.inputs, plain.test_set.inputs)  # type: ignore[union-attr]
+        held_out.append(rows(data.val_set))
+    assert sum(len(h) for h in held_out) == len(pool) and set().union(*held_out) == pool  # disjoint, covering
+    data = DigitsDataModule(num_workers=0, num_folds=5, fold=0)
+    data.setup()
+    assert torch.bincount(data.val_set.labels, minlength=10).min() >= 20  # type: ignore[union-attr, arg-type]  # stratified
+
+
+@pytest.mark.slow
+def test_subprocess_runs_take_a_ddp_preset_and_aggregate_like_the_others(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "3", "--subprocess", "--",
+               *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (log,) = (tmp_path / "runs" / "multirun").rglob("console.log")  # Lightning's lines, both ranks'
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in log.read_text()
+    (run_dir,) = (tmp_path / "runs" / "multirun" / "multirun" / "base" / "seed3").iterdir()
+    with (tmp_path / "runs" / "multirun" / "multirun" / "results.csv").open() as f:
+        row = next(r for r in csv.DictReader(f) if r["metric"] == "test/acc @last")
+    assert float(row["mean"]) == pytest.approx(scored(run_dir, "last")) and int(row["n"]) == 1
+
+
+def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["multirun", "--seeds", "0-2", "--", *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("add --subprocess") == 2  # the run's line and the command's: not once per seed
+    assert not Path("runs/multirun").exists()  # no empty folders left behind

@@ -1,0 +1,159 @@
+"""Every command in README.md's code blocks runs as written (shortened by a preset where the README's run is
+long), in README order, in a project folder of its own; a command this file has no rule for fails the test,
+so the README cannot drift from what works."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from dataset_files import write_image_folder, write_mnist
+from test_template import snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = "-c configs/debug/limit.yaml"  # a short, complete run
+TINY = "-c configs/debug/fast_dev_run.yaml"  # one batch a stage: for commands that train many runs
+# commands that share files run in README order in one lane; the lanes run side by side
+LANES = {"mnist": "mnist", "sweep": "sweep", "multirun": "multirun", "convert|streaming": "streaming",
+         "cookiecutter|cruft": "template", "digits|^make train|<file>": "digits"}  # fmt: skip
+LINKED = ["Makefile", "configs", "src", ".venv", "pyproject.toml", "uv.lock", "scripts", "benchmarks", "notebooks",
+          "README.md"]  # fmt: skip
+
+Rule = Callable[[str, Path], "str | None"]  # the command to run for a README line (None: not run, see SKIPPED)
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.split(r"(?:^|\s)#", line)[0].strip()  # a shell comment starts at " #"
+            if command:
+                commands.append(re.sub(r"\s+", " ", command))
+    return commands
+
+
+def newest(project: Path, pattern: str) -> str:
+    """The newest file matching ``pattern`` under the project (a checkpoint an earlier command wrote)."""
+    found = sorted(project.glob(pattern), key=lambda p: p.stat().st_mtime)
+    assert found, f"no {pattern} in {project}: an earlier README command should have written it"
+    return str(found[-1].relative_to(project))
+
+
+def kiln(command: str) -> str:
+    """``kiln …`` as the README writes it after `source .venv/bin/activate`: the project's own."""
+    return re.sub(r"^kiln ", ".venv/bin/kiln ", command)
+
+
+def template(command: str, project: Path) -> str:
+    if not (project / "template-copy").is_dir():
+        snapshot(project / "template-copy")  # this working tree as a template repository
+    tool = "cookiecutter" if "cookiecutter" in command else "cruft"
+    answer = f"--no-input -o made-by-{tool}" if tool == "cookiecutter" else f"--no-input --output-dir made-by-{tool}"
+    return command.replace("<template-url-or-path>", f"template-copy {answer}").replace(
+        "python3 ", f"{sys.executable} ", 1
+    )
+
+
+# README line (a regular expression) -> how it runs here; the first that matches applies
+RUN: list[tuple[str, Rule]] = [
+    (r"^python3 -m (cookiecutter|cruft create) <template-url-or-path>$", template),
+    (r"^make train$", lambda c, p: f"{c} DEBUG=limit"),
+    (r"^make train EXP=mnist$", lambda c, p: f"{c} DEBUG=limit"),  # tests' MNIST files: no download
+    (r"^make train LOGGER=csv DEBUG=limit$", lambda c, p: c),
+    (r"^make train ARGS=", lambda c, p: c.replace('ARGS="', 'DEBUG=limit ARGS="')),
+    (r"^\.venv/bin/kiln fit --help$", lambda c, p: c),
+    (r"--print_config$", lambda c, p: c),
+    (r"^\.venv/bin/kiln predict --ckpt_path runs/digits/<run>/", lambda c, p: c.replace(
+        "runs/digits/<run>/checkpoints/last.ckpt", newest(p, "runs/digits/2*/checkpoints/last.ckpt"))),
+    (r"^kiln convert ", lambda c, p: kiln(c)),
+    (r"^kiln fit -c configs/data/streaming.yaml", lambda c, p: f"{kiln(c)} {LIMIT}"),
+    (r"^make sweep SWEEP=digits$", lambda c, p: f'{c} ARGS="--n_trials 2 -- {TINY}"'),
+    (r"^kiln sweep .* --report$", lambda c, p: kiln(c)),
+    (r"^kiln sweep .* --n_trials 2 -- -c configs/debug/limit.yaml$", lambda c, p: kiln(c)),
+    (r"^kiln multirun ", lambda c, p: kiln(c) + (f" {TINY}" if " -- " in c else f" -- {TINY}")),
+    (r"^kiln predict --ckpt_path runs/mnist/<run>/", lambda c, p: kiln(c).replace(
+        "runs/mnist/<run>/checkpoints/best-….ckpt", newest(p, "runs/mnist/2*/checkpoints/best-*.ckpt"))),
+    (r"^kiln test --ckpt_path best -c configs/experiment/mnist.yaml$", lambda c, p: f"{kiln(c)} {LIMIT}"),
+    (r"^kiln predict --ckpt_path <file> ", lambda c, p: kiln(c).replace(
+        "<file>", newest(p, "runs/digits/2*/checkpoints/last.ckpt"))),
+    (r"^kiln diff runs/digits/<run-a> runs/digits/<run-b>$", lambda c, p: kiln(c).replace(
+        "runs/digits/<run-a> runs/digits/<run-b>", " ".join(str(Path(f).parent.parent) for f in sorted(
+            p.glob("runs/digits/2*/checkpoints/last.ckpt"))[-2:]))),
+    (r"^kiln tune lr -- ", lambda c, p: kiln(c) + " --trainer.limit_train_batches 5"),
+    (r"^kiln fit -c configs/experiment/digits.yaml -c runs/digits/<tune>/tuned.yaml$", lambda c, p: kiln(c).replace(
+        "runs/digits/<tune>", str(Path(newest(p, "runs/digits/tune-*/tuned.yaml")).parent)) + f" {LIMIT}"),
+    (r"^make (install|test|test-fast|lint|format|typecheck|bench|gpu-check)$", lambda c, p: c.replace(
+        "make ", "make -n ", 1)),  # the target exists and resolves (CI runs them: .ci/run, ci.yml)
+]  # fmt: skip
+SKIPPED = {  # README line -> why it does not run here
+    r"^docker ": "builds or runs a container image (tests/engine/test_provenance.py checks the Dockerfile statically)",
+    r"^python3 -m pip install ": "installs from PyPI (no network in tests)",
+    r"gpu\.yaml|TRAINER=gpu": "needs a CUDA GPU (tests/engine/test_trainer_features.py's GPU tests)",
+    r"research\.nets\.Timm .*weights hub": "fetches pretrained weights "
+    "(tests/engine/test_pretrained.py loads them from a local cache)",
+    r"^\.venv/bin/cruft update$": "needs a project generated from a template with a later commit "
+    "(tests/engine/test_template.py::test_cruft_update_brings_template_changes_and_keeps_user_edits)",
+}
+
+
+def plan(command: str) -> Rule | str:
+    """The rule that runs ``command``, or why it is skipped; a command with neither fails the test."""
+    for pattern, reason in SKIPPED.items():
+        if re.search(pattern, command):
+            return reason
+    for pattern, rule in RUN:
+        if re.search(pattern, command):
+            return rule
+    raise AssertionError(f"README.md: no rule in tests/engine/test_readme.py runs or skips `{command}`: add one")
+
+
+def test_every_readme_command_has_a_rule() -> None:
+    commands = readme_commands()
+    assert len(commands) > 20  # the blocks were found
+    for command in commands:
+        plan(command)
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in LINKED:
+        (project / name).symlink_to(ROOT / name)
+    write_mnist(project / "data" / "MNIST" / "raw", n_train=96, n_test=48, seed=0)
+    write_image_folder(project / "data" / "images", classes=3, per_class=12)
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    lanes: dict[str, list[tuple[str, Rule]]] = {}
+    for command in readme_commands():
+        rule = plan(command)
+        if not isinstance(rule, str):
+            lane = next((name for pattern, name in LANES.items() if re.search(pattern, command)), "other")
+            lanes.setdefault(lane, []).append((command, rule))
+
+    def run_lane(commands: list[tuple[str, Rule]]) -> list[str]:
+        failures = []
+        for command, rule in commands:
+            try:  # a rule that finds no earlier output fails this command, and the lane's earlier failures still show
+                runnable = rule(command, project)
+            except AssertionError as error:
+                failures.append(f"`{command}`: {error}")
+                continue
+            assert runnable is not None
+            done = subprocess.run(shlex.split(runnable), cwd=project, capture_output=True, text=True, env=env,
+                                  timeout=600)  # fmt: skip
+            if done.returncode:
+                failures.append(f"`{command}` (run as `{runnable}`) exited {done.returncode}:\n"
+                                f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")  # fmt: skip
+        return failures
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        failures = [f for found in pool.map(run_lane, lanes.values()) for f in found]
+    assert not failures, "\n\n".join(failures)
