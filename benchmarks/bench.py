@@ -318,9 +318,9 @@ def sweep_overhead(trials: int) -> dict[str, float]:
     import optuna
     import yaml
 
-    from kiln.sweep.driver import run_sweep
-    from kiln.sweep.inprocess import fit
-    from kiln.sweep.space import read_sweep
+    from kiln.commands.sweep.driver import run_sweep
+    from kiln.commands.sweep.inprocess import fit
+    from kiln.commands.sweep.space import read_sweep
 
     quiet = ["-c", str(ROOT / "configs" / "debug" / "limit.yaml"), "--trainer.logger=false",
              "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip

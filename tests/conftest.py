@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.process_group import DDP_ENV
+from kiln.process.process_group import DDP_ENV
 
 # a run folder, a cluster job, and what Lightning's DDP set-up (and torchrun) exports: a test that inherited them
 # would resume another's folder or start its DDP child processes on another's port

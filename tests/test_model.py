@@ -72,7 +72,7 @@ def test_warmup_cosine_schedule() -> None:
 
 
 def test_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
-    from kiln.boundary import main
+    from kiln.commands.boundary import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["fit", "--model.init_args.scheduler_interval", "epoch", "--trainer.logger", "false"])

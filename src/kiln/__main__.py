@@ -1,8 +1,8 @@
-"""The ``kiln`` command (and ``python -m kiln``): every subcommand through kiln.boundary, which imports no torch."""
+"""The ``kiln`` command (and ``python -m kiln``): every subcommand through one boundary, which imports no torch."""
 
 from __future__ import annotations
 
-from kiln.boundary import main
+from kiln.commands.boundary import main
 
 if __name__ == "__main__":
     main()

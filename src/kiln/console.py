@@ -51,7 +51,7 @@ def quiet_lightning() -> None:
 # A command's console: its own lines, the model summary, the progress bar, warnings that matter and the
 # summary. Lightning's information lines ("Seed set to 42", "GPU available", "Restoring states …") go to
 # the run folder's console.log instead, and W&B's banner and history to its own log; `-v` keeps both here.
-VERBOSE_ENV = "KILN_VERBOSE"  # set by `kiln -v` (kiln.boundary)
+VERBOSE_ENV = "KILN_VERBOSE"  # set by `kiln -v` (kiln.commands.boundary)
 TO_FILE = ("lightning.pytorch", "lightning.fabric", "kiln")  # loggers whose information lines go to console.log
 LOG = logging.getLogger("kiln")  # kiln's own information lines (the per-class table, callbacks left out)
 

@@ -1,4 +1,4 @@
-"""Errors a user can fix, and the ways a command stops: the boundary (kiln.boundary) prints each as one line."""
+"""Errors a user can fix, and the ways a command stops: the boundary (kiln.commands) prints each as one line."""
 
 
 class KilnError(Exception):

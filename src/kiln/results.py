@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from kiln.runs import layout, partial_data, read_metrics
+from kiln.runs.folders import layout, partial_data, read_metrics
+from kiln.runs.metrics import run_metrics
 
 if TYPE_CHECKING:
     import optuna
@@ -81,8 +82,6 @@ def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd
     ``"varying"`` (those that differ between the runs listed), ``"all"``, or the keys named; ``path`` last."""
     import pandas as pd
 
-    from kiln.sweep.multirun import run_metrics
-
     rows, configs, folders = [], [], run_folders(root)
     for run_dir in folders:
         state, detail = status(run_dir)
@@ -116,7 +115,7 @@ def history(run_dir: str | Path) -> pd.DataFrame:
     if kind == "csv":
         table = pd.read_csv(files[-1]).rename(columns={"step": STEP})
     elif kind == "wandb":
-        from kiln.wandb_offline import history as wandb_history
+        from kiln.wandb.offline import history as wandb_history
 
         table = pd.DataFrame(wandb_history(files[-1]))
         table = table.drop(columns=[c for c in table.columns if c.startswith("_")])
@@ -129,7 +128,7 @@ def history(run_dir: str | Path) -> pd.DataFrame:
 
 def log_files(run_dir: str | Path) -> tuple[str | None, list[Path]]:
     """What the run's logger wrote that holds its history: ``csv``, ``wandb`` or ``tensorboard``, and the files."""
-    from kiln.wandb_offline import run_file
+    from kiln.wandb.offline import run_file
 
     run_dir = Path(run_dir)
     if csvs := sorted(run_dir.glob("**/metrics.csv")):

@@ -11,8 +11,8 @@ import fake_wandb
 import pytest
 from helpers import LIMIT
 
-from kiln import wandb_offline
-from kiln.boundary import main
+from kiln.commands.boundary import main
+from kiln.wandb import offline as wandb_offline
 
 
 def test_checkpoints_are_model_artifact_versions_once_each_and_mistakes_a_table(

@@ -13,7 +13,7 @@ import pytest
 from dataset_files import truncate, write_image_folder
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
+from kiln.commands.boundary import main
 
 LEFTOVERS = (".*.partial*", ".*.tmp", "*.partial")
 CASES: list[tuple[str, list[str], int]] = [  # (name, kiln arguments, exit code)
@@ -95,7 +95,7 @@ def fingerprint(root: Path) -> dict[str, tuple[int, int]]:
 def test_every_command_meets_bad_input_with_one_line_and_leaves_everything_as_it_was(
     project: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the kiln command's own entry point (kiln.boundary.main), in this process: what a subprocess
+    """Through the kiln command's own entry point (kiln.commands.boundary.main), in this process: what a subprocess
     would print to its stderr, file descriptor included, is what capfd reads."""
     before = fingerprint(project)
     monkeypatch.chdir(project)

@@ -10,9 +10,9 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
-from kiln.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
+from kiln.training.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 
 QUIET_LIMIT = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
 

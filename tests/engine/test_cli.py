@@ -14,8 +14,8 @@ import pytest
 import torch
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 from kiln.errors import UsageError
 
 
@@ -165,14 +165,14 @@ def test_help_imports_nothing_the_command_does_not_need() -> None:
     # a fresh interpreter: this test process has long imported W&B. What Lightning's own imports bring is
     # Lightning's (torchmetrics imports transformers when it is installed, which may import scikit-learn)
     probe = "import sys\nfrom lightning.pytorch.cli import LightningCLI\nbase = set(sys.modules)\n"
-    probe += "from kiln.boundary import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"
+    probe += "from kiln.commands.boundary import main\ntry: main(['fit', '--help'])\nexcept SystemExit: pass\n"
     probe += "added = set(sys.modules) - base\n"
     probe += (
         "print('imported:', *sorted(m for m in ('wandb', 'sklearn', 'tensorboard', 'timm', 'optuna') if m in added))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "kiln.loggers.Wandb" in done.stdout  # the default logger is described ...
+    assert "kiln.training.loggers.Wandb" in done.stdout  # the default logger is described ...
     assert done.stdout.splitlines()[-1] == "imported:"  # ... without importing W&B to do it
 
 

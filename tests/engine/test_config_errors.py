@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.boundary import main
+from kiln.commands.boundary import main
 
 FILES = {
     "monitr.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"

@@ -13,8 +13,8 @@ import pytest
 import torch
 from helpers import CONFIGS
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 
 ALL_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "sweep")  # sweeps: test_sweep
 NEEDS_GPU = {"trainer/gpu.yaml", "trainer/ddp.yaml", "trainer/fsdp.yaml"}

@@ -15,9 +15,9 @@ from lightning.pytorch import Callback
 from test_health import MODES, nan_net_config
 from test_resume import assert_bitwise_equal, final_state, run_args
 
-from kiln.boundary import main
 from kiln.callbacks import EMA
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 
 EMA_PRESET = ["-c", str(CONFIGS / "callbacks" / "ema.yaml")]
 CSV = ["-c", str(CONFIGS / "logger" / "csv.yaml")]

@@ -14,8 +14,8 @@ import torch
 from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 from kiln.data.folder import decode
 
 for needed in ("onnx", "onnxscript", "onnxruntime"):

@@ -17,10 +17,10 @@ import torch
 from dataset_files import write_image_folder
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
-from kiln.checkpointing import load_checkpoint_file
 from kiln.cli import build_cli
-from kiln.runs import resolve_run_dir
+from kiln.commands.boundary import main
+from kiln.runs.folders import resolve_run_dir
+from kiln.training.checkpointing import load_checkpoint_file
 from kiln.training.schedules import WarmupCosineLR
 
 QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
@@ -148,7 +148,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     # a 2 MiB filesystem: room for config, pictures and two ~0.7 MB checkpoints, not for the next write
     kiln = [sys.executable, "-m", "kiln", "fit", *QUIET, "--run.root", str(runs), "--trainer.max_epochs", "3"]
     check = (
-        "import glob; from kiln.checkpointing import load_checkpoint_file as load\n"
+        "import glob; from kiln.training.checkpointing import load_checkpoint_file as load\n"
         f"for p in sorted(glob.glob('{runs}/digits/*/checkpoints/*')): print('kept', p, load(p)['global_step'])"
     )
     mount = f"mount -t tmpfs -o size=2m tmpfs {runs}"

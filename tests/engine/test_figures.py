@@ -9,9 +9,9 @@ import optuna
 import torch
 from PIL import Image
 
-from kiln import figures
-from kiln.sweep.report import sweep_figures, write_pictures
-from kiln.sweep.space import Param, Sweep
+from kiln.commands.sweep.report import sweep_figures, write_pictures
+from kiln.commands.sweep.space import Param, Sweep
+from kiln.runs import figures
 
 LONG = ["airplane", "automobile", "a class name longer than any column", "cat"]
 

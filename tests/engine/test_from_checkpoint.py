@@ -11,10 +11,10 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.cli.from_checkpoint import saved_config
+from kiln.commands.boundary import main
 from kiln.errors import UsageError
-from kiln.from_checkpoint import saved_config
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 WIDTH = "--model.init_args.net.init_args.width"

@@ -16,10 +16,10 @@ from PIL import Image
 from torch.optim import Optimizer
 
 from kiln import results
-from kiln.boundary import main
 from kiln.callbacks import BatchSanityCheck, GradNormMonitor, NonFiniteGuard, OverfitReport
 from kiln.callbacks.batch_checks import check_batch
 from kiln.cli import KilnCLI, build_cli
+from kiln.commands.boundary import main
 from kiln.errors import HealthCheckError, KilnError
 from research.data import DigitsDataModule
 from research.models import Classifier

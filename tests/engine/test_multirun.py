@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
+from kiln.commands.boundary import main
 from research.data import DigitsDataModule
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

@@ -12,7 +12,7 @@ from helpers import CONFIGS, LIMIT
 from nbclient import NotebookClient
 from test_health import nan_net_config
 
-from kiln.boundary import main
+from kiln.commands.boundary import main
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 TINY = ["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]

@@ -19,8 +19,8 @@ from helpers import CONFIGS, LIMIT
 from lightning.pytorch import Callback, LightningModule, Trainer
 from safetensors.torch import save_file
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 from kiln.errors import ConfigError
 from research.nets import Timm
 

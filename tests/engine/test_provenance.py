@@ -16,11 +16,11 @@ from dataset_files import write_image_folder
 from helpers import LIMIT
 from test_template import git
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 from kiln.data.folder import FolderDataModule
-from kiln.provenance import command_line, data_fingerprint
-from kiln.secrets import REDACTED
+from kiln.process.secrets import REDACTED
+from kiln.runs.provenance import command_line, data_fingerprint
 from research.data.digits import DigitsDataModule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -418,7 +418,7 @@ def test_a_process_group_sigterm_early_or_in_validation_ends_in_one_line_without
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", ["mid-step=8.ckpt", "end-epoch=1.ckpt"])
 def test_a_resumed_runs_metrics_csv_goes_on_as_the_uninterrupted_runs(tmp_path: Path, checkpoint: str) -> None:
-    logged = ["--trainer.logger", "kiln.loggers.Csv", "--trainer.log_every_n_steps", "2"]
+    logged = ["--trainer.logger", "kiln.training.loggers.Csv", "--trainer.log_every_n_steps", "2"]
     whole = Path(build_cli([*run_args(0), *logged, "--run.root", str(tmp_path / "whole")]).trainer.default_root_dir)
     killed = tmp_path / "killed" / "digits" / whole.name  # as if killed at step 12, after a checkpoint mid-epoch
     shutil.copytree(whole, killed)  # (step 8) or at an epoch's end (step 12), with the rows it logged past it

@@ -22,11 +22,11 @@ import torch
 import yaml
 from helpers import LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
-from kiln.loggers import Wandb
-from kiln.secrets import REDACTED, redact
-from kiln.wandb_mode import ensure_wandb_mode
+from kiln.commands.boundary import main
+from kiln.process.secrets import REDACTED, redact
+from kiln.training.loggers import Wandb
+from kiln.wandb.mode import ensure_wandb_mode
 
 
 def test_redact_replaces_values_under_secret_names_only() -> None:

@@ -16,10 +16,10 @@ from helpers import CONFIGS, LIMIT
 
 import research.data
 from kiln.cli import build_cli
-from kiln.config_errors import skeleton
+from kiln.cli.config_errors import skeleton
+from kiln.cli.links import TARGETS
 from kiln.data import SyntheticDataModule
 from kiln.errors import ConfigError, UsageError
-from kiln.shapes import TARGETS
 from research.data import DigitsDataModule
 
 SYNTHETIC = ["--data", "kiln.data.SyntheticDataModule", "--data.num_samples", "64", "--data.channels", "2",

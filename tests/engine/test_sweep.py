@@ -13,11 +13,11 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
+from kiln.commands.sweep.driver import sweep_command
+from kiln.commands.sweep.space import read_sweep
 from kiln.errors import ConfigError, UsageError
-from kiln.sweep.driver import sweep_command
-from kiln.sweep.space import read_sweep
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 LR = "model.init_args.optimizer.init_args.lr"
@@ -216,22 +216,22 @@ def test_sweep_file_mistakes_are_one_line(tmp_path: Path) -> None:
 
 
 def test_a_requeued_slurm_task_takes_back_its_own_trial_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kiln.sweep import driver
+    from kiln.commands.sweep import study
 
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    monkeypatch.setattr(driver, "OWNER", driver._owner())
-    assert driver.OWNER == "slurm:77_3"
-    assert not driver._alive("slurm:77_3")  # this task's run before the requeue: resume its trial
-    assert driver._alive("slurm:77_4")  # another task's: still running somewhere
-    assert driver._alive("elsewhere-host:1")  # another machine: never judged dead
-    assert not driver._alive(f"{driver.socket.gethostname()}:999999999")  # no such process here
+    monkeypatch.setattr(study, "OWNER", study._owner())
+    assert study.OWNER == "slurm:77_3"
+    assert not study.alive("slurm:77_3")  # this task's run before the requeue: resume its trial
+    assert study.alive("slurm:77_4")  # another task's: still running somewhere
+    assert study.alive("elsewhere-host:1")  # another machine: never judged dead
+    assert not study.alive(f"{study.socket.gethostname()}:999999999")  # no such process here
 
 
 def test_the_argv_wandb_agent_builds_reaches_the_model_and_the_rendered_config_is_wandbs(tmp_path: Path) -> None:
     from wandb.sdk.launch.sweeps.utils import create_sweep_command, create_sweep_command_args
 
-    from kiln.sweep.space import wandb_config
+    from kiln.commands.sweep.space import wandb_config
 
     main(["sweep", "-c", str(CONFIGS / "sweep" / "digits.yaml"), "--root", str(tmp_path), "--wandb"])
     rendered = yaml.safe_load((tmp_path / "digits" / "wandb_sweep.yaml").read_text())

@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from kiln.callbacks import GradNormMonitor
 from kiln.cli import build_cli
-from kiln.devices import fall_back_from_bf16
+from kiln.cli.devices import fall_back_from_bf16
 from research.models import Classifier
 from research.nets import ResNet, SmallCNN
 

@@ -13,8 +13,8 @@ import torch
 import yaml
 from helpers import LIMIT
 
-from kiln.boundary import main
 from kiln.cli import build_cli
+from kiln.commands.boundary import main
 
 LR = "model.init_args.optimizer.init_args.lr"
 

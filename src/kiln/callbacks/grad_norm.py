@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from kiln.console import say
-from kiln.logging_steps import writes_logs_after
+from kiln.training.logging_steps import writes_logs_after
 
 
 class StepGradientNorm:

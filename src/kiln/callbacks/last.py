@@ -9,7 +9,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
-from kiln.runs import layout
+from kiln.runs.folders import layout
 
 
 def save_last(trainer: Trainer) -> Path:

@@ -1,5 +1,5 @@
 """Pictures a user should look at: the first training batch as the net sees it, and the test confusion matrix
-(drawn by ``kiln.figures``, whose matplotlib is imported only when a picture is made)."""
+(drawn by ``kiln.runs.figures``, whose matplotlib is imported only when a picture is made)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from kiln import figures
 from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
+from kiln.runs import figures
 
 
 def log_image(trainer: Trainer, key: str, png: bytes) -> None:

@@ -15,10 +15,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from kiln import stop_signals
 from kiln.callbacks.last import LastCheckpoint, save_last
 from kiln.console import say
 from kiln.errors import Preempted
+from kiln.process import stop_signals
 
 
 def capture_rng() -> dict[str, Any]:
@@ -147,7 +147,7 @@ class PreemptionCheckpoint(Callback):
     so the same command with ``--ckpt_path last`` continues exactly. Lightning alone saves nothing
     on SIGTERM and exits 0, and on SIGUSR1 under SLURM saves inside the signal handler, mid-step.
     SIGTERM exits with 143; SIGUSR1 (``sbatch --signal=SIGUSR1@90``) requeues the SLURM job when
-    ``scontrol`` is there, and exits with 138. The signals are noted by :mod:`kiln.stop_signals`.
+    ``scontrol`` is there, and exits with 138. The signals are noted by :mod:`kiln.process.stop_signals`.
     """
 
     def __init__(self) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from kiln.errors import Preempted, Stopped
-from kiln.runs import record_status
-from kiln.testing import update_metrics
+from kiln.runs.folders import record_status
+from kiln.training.testing import update_metrics
 
 
 class RunMetrics(Callback):

@@ -27,7 +27,7 @@ from kiln.data.on_device import (
 )
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import ConfigError, DataError, HealthCheckError
-from kiln.stop_signals import worker_init_fn
+from kiln.process.stop_signals import worker_init_fn
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -195,7 +195,7 @@ class TensorDataModule(LightningDataModule):
     """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
 
     What the data produces is declared here once, and the CLI links it into the model and the
-    network (``kiln.shapes``): ``num_classes``, ``input_shape`` (one sample's shape: ``(C, H, W)``
+    network (``kiln.cli.links``): ``num_classes``, ``input_shape`` (one sample's shape: ``(C, H, W)``
     images, ``(C, L)`` signals, ``(F,)`` features), ``class_names`` and the normalisation
     statistics. Health checks read the same declaration.
 

@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from kiln.console import say
 from kiln.errors import ConfigError
-from kiln.logging_steps import writes_logs_after
+from kiln.training.logging_steps import writes_logs_after
 from kiln.training.schedules import WarmupCosineLR
 from research.models.backbone import drop_gradients, hold_statistics, param_groups, split
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import timm
 from torch import Tensor, nn
 
-from kiln.config_errors import nearest
+from kiln.cli.config_errors import nearest
 from kiln.console import say
 from kiln.errors import ConfigError
 

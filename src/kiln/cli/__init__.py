@@ -1,0 +1,17 @@
+"""The LightningCLI engine: config, links from the data, checkpoints rebuilt, run folders given (``build_cli``)."""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kiln.cli.engine import KilnCLI, argv_hidden, build_cli, config_dir
+
+__all__ = ["KilnCLI", "argv_hidden", "build_cli", "config_dir"]
+
+
+def __getattr__(name: str) -> Any:
+    """``build_cli`` and its kin on first use: the CLI's helpers (config errors, links) import no Lightning."""
+    if name in __all__:
+        from kiln.cli import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,30 @@
+"""The classes a config names by ``class_path``: imported without raising, and the arguments they take."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+
+def import_class(dotted: str) -> Any:
+    """The object a ``module.Name`` path names, or ``None`` when it cannot be imported."""
+    module, _, name = dotted.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def parameters(cls: Any) -> list[str]:
+    """The arguments a class accepts, through ``**kwargs`` to its bases as jsonargparse reads them."""
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", [cls]):
+        try:
+            parameters = inspect.signature(klass.__init__).parameters.values()
+        except (TypeError, ValueError):
+            break
+        names += [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            break
+    return names

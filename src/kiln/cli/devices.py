@@ -1,0 +1,33 @@
+"""The accelerator a config asks for, against what this machine has: a fallback or one line, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.cli.config_errors import Source, where_written
+
+GPU = ("gpu", "cuda")
+
+
+def fall_back_from_bf16(trainer: Any) -> str | None:
+    """On a CUDA GPU without bf16 (before Ampere), use fp16 autocast with gradient scaling instead."""
+    if trainer.precision != "bf16-mixed" or trainer.accelerator not in (*GPU, "auto"):
+        return None
+    if not torch.cuda.is_available() or torch.cuda.is_bf16_supported():
+        return None
+    trainer.precision = "16-mixed"
+    return f"{torch.cuda.get_device_name()} has no bf16: using precision 16-mixed (fp16 with gradient scaling)"
+
+
+def missing_gpu(trainer: Any, settings: list[Source]) -> str | None:
+    """Why a config that asks for a CUDA GPU cannot run here, naming where it asked (None: it can, or asks none)."""
+    if str(trainer.accelerator) not in GPU or torch.cuda.is_available():
+        return None
+    where = where_written(settings, lambda path, value: path == "trainer.accelerator", "--trainer.accelerator")
+    fix = "use --trainer.accelerator auto (or cpu)" if where.startswith("--") else "leave that file out (TRAINER=)"
+    return (
+        f"{where} asks for {trainer.accelerator}, but torch sees no CUDA GPU on this machine: {fix}, or run it "
+        "where there is one"
+    )

@@ -1,0 +1,451 @@
+"""``kiln fit|validate|test|predict``: LightningCLI with the default experiment, run folders and a summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from jsonargparse import ArgumentError, Namespace
+from jsonargparse.typing import PositiveInt
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from kiln import console
+from kiln.callbacks.last import finished_training
+from kiln.callbacks.non_finite import NonFiniteGuard
+from kiln.cli.class_switch import carried_over
+from kiln.cli.classes import import_class
+from kiln.cli.config_errors import check_config_files, describe, nearest, sources
+from kiln.cli.devices import fall_back_from_bf16, missing_gpu
+from kiln.cli.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
+from kiln.cli.init_from import load_weights
+from kiln.cli.links import DataLinks, unwrap
+from kiln.cli.moved import read_checkpoint
+from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
+from kiln.cli.run_paths import RunPaths, class_nodes, is_a
+from kiln.console import quiet_lightning
+from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
+from kiln.files import written_whole
+from kiln.process import process_group, stop_signals
+from kiln.process.secrets import load_env_file, redact, redact_text, secret_values
+from kiln.runs import folders
+from kiln.runs.folders import (
+    Pick,
+    best_checkpoint,
+    latest_checkpoint,
+    layout,
+    nothing_to_train,
+    partial_data,
+    resolve_run_dir,
+)
+from kiln.runs.provenance import write_environment
+from kiln.training.checkpointing import remove_stale_temporaries
+from kiln.training.testing import TestChoice, read_metrics, test_after_fit
+from kiln.wandb import checkpoints as wandb_checkpoints
+from kiln.wandb.mode import finish_wandb, start_or_fall_back
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # kiln/
+
+
+def config_dir(package: Path = PACKAGE_DIR) -> Path:
+    """``configs/``: inside the package when installed from a wheel (``kiln/configs``), else the
+    checkout's (an editable install or a generated project). Missing: one line, never no defaults."""
+    for candidate in (package / "configs", package.parents[1] / "configs"):
+        if (candidate / "train.yaml").is_file():
+            return candidate
+    raise ConfigError(
+        f"no default config: neither {package / 'configs' / 'train.yaml'} nor "
+        f"{package.parents[1] / 'configs' / 'train.yaml'} exists; reinstall the package, or run from the project"
+    )
+
+
+@dataclass
+class RunOptions:
+    """Where a run's folder goes and what happens after ``fit``.
+
+    Args:
+        name: Experiment name; runs land in ``<root>/<name>/<timestamp>``.
+        root: Folder holding all runs.
+        test_after_fit: Test once ``fit`` ends, write ``metrics.json`` and print a summary.
+        test_ckpt: What the test after fit scores: the ``best`` checkpoint (lowest ``val/loss`` by
+            default), the ``last`` one (the final weights), or ``both`` (each once, when they differ).
+        cpu_threads: torch's intra-op CPU threads (``None``: torch's default, one per core). Fewer
+            are often faster for small models on a shared machine; the count changes the order of
+            floating-point sums, so bitwise-repeatable CPU runs need the same count.
+        without: Callbacks of ``trainer.callbacks`` to leave out, by class name (``[BatchGrid]``)
+            or path; a subclass of a named class goes too. A preset drops (or, adding its own,
+            replaces) one default callback this way without restating the whole list.
+    """
+
+    name: str = "default"
+    root: str = "runs"
+    test_after_fit: bool = True
+    test_ckpt: TestChoice = "both"
+    cpu_threads: PositiveInt | None = None
+    without: list[str] = field(default_factory=list)
+
+
+class WandbConfigSaver(SaveConfigCallback):
+    """Saves ``config.yaml`` into the run folder and the same resolved config into the W&B run, secrets redacted;
+    beside it ``env.json`` and ``code.diff`` (``kiln.runs.provenance``), also in the W&B config.
+
+    Built with ``save_to_log_dir=False`` and writing the file itself: a redacted value (a marker in
+    place of a number or a dict) would fail the type check Lightning's own save makes.
+    """
+
+    def __init__(
+        self,
+        parser: LightningArgumentParser,
+        config: Namespace,
+        run_paths: RunPaths | None = None,
+        command: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(parser, redact(config), **kwargs)
+        self.run_paths, self.command = run_paths, command
+
+    def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
+
+        path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
+        if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
+            dumped = self.run_paths.portable(dumped)
+        with written_whole(path) as partial:
+            partial.write_text(yaml.safe_dump(dumped, sort_keys=False))
+        environment = write_environment(path.parent, trainer.datamodule, self.command)  # env.json, code.diff
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
+                config = json.loads(dumped)
+                logger.experiment.config.update({"cli": config, "env": environment}, allow_val_change=True)
+
+
+class KilnCLI(LightningCLI):
+    """LightningCLI that gives every run its own folder and keeps W&B from prompting or hanging."""
+
+    run_dir: Path | None = None
+    resume_dir: Path | None = None  # the run folder of the checkpoint `--ckpt_path last` resumes
+    _checkpoint: dict[str, Any] | None = None  # what `--ckpt_path` names, read once (memory-mapped) until used
+    test_metrics: dict[str, float] | None = None  # the best checkpoint's test results, after `fit`
+    # validate/test/predict from a CLI checkpoint: its hyper-parameters, weight shapes and path
+    _trained: tuple[dict[str, Any], dict[str, tuple[int, ...]], str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
+        self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
+        self.links = DataLinks()
+        folders.new_command()
+        load_env_file()  # a notebook's build_cli reads the project's .env as the `kiln` command does
+        quiet_lightning()
+        console.begin_command()
+        try:
+            with process_group.released_after():  # an in-process DDP run's port and group: free for the next
+                super().__init__(*args, **kwargs)
+        except BaseException:
+            finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
+            console.end_command()
+            raise
+        if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
+            finish_wandb()
+            console.end_command()
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
+        given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
+        self._given = self._parsed = [str(a) for a in given]
+        check_config_files(self._given)
+        if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
+            self._checkpoint = read_checkpoint(named[1])  # parsed once, with its model and data
+            if self._rebuild_from_checkpoint(parser, *named, self._checkpoint):  # first, so flags of its data fit
+                return
+        self._parse(parser, args)
+        if not self.config.get("subcommand"):
+            return
+        subcommand = self.config.subcommand
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        pick = Pick(partial_data(config.trainer), fit=subcommand == "fit")  # never a debug run for a real one
+        if ckpt_path == "best" and subcommand != "fit":  # the newest run's best checkpoint, by its ModelCheckpoint
+            best = best_checkpoint(config.run.root, config.run.name, pick)
+            if note := pick.note("--ckpt_path best"):
+                print(note, file=sys.stderr)
+            if best is None:
+                where = Path(config.run.root).resolve() / config.run.name
+                raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
+            print(f"--ckpt_path best: {best}", file=sys.stderr)
+            ckpt_path = config.ckpt_path = str(best)
+        if wandb_checkpoints.names_a_version(ckpt_path):
+            ckpt_path = config.ckpt_path = str(wandb_checkpoints.resolve(ckpt_path, config.run.root))
+        if ckpt_path == "last":
+            found = latest_checkpoint(config.run.root, config.run.name, pick)
+            if note := pick.note("--ckpt_path last"):
+                print(note, file=sys.stderr)
+            if found is None:
+                where = Path(config.run.root).resolve() / config.run.name
+                print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
+            else:
+                self._checkpoint = read_checkpoint(found)  # a one-line CheckpointError naming the file
+                if subcommand == "fit":
+                    self._refuse_finished(self._checkpoint, config, found.parent.parent)
+                print(f"resuming from {found}", file=sys.stderr)
+            config.ckpt_path = str(found) if found else None
+            self.resume_dir = found.parent.parent if found else None
+        elif ckpt_path not in (None, "best", "hpc"):
+            self._checkpoint = read_checkpoint(ckpt_path)  # a one-line CheckpointError naming the file
+        if subcommand != "fit" and self._checkpoint is not None:
+            self._rebuild_from_checkpoint(parser, subcommand, str(self.config[subcommand].ckpt_path), self._checkpoint)
+
+    def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
+            given = self._given
+            command = next((a for a in given if a in self.subcommands()), None)
+            known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
+
+            def known_keys() -> list[str]:
+                return list(known.get_defaults().keys())
+
+            raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
+
+    def _rebuild_from_checkpoint(
+        self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str, checkpoint: dict[str, Any]
+    ) -> bool:
+        """Parse with the model and data the checkpoint was trained with as the first ``-c``: the default
+        data never meets another run's weights, and what the command gives still applies over it. False
+        for a checkpoint the CLI did not write (Lightning's own reading of its hyper-parameters applies)."""
+        saved = saved_config(checkpoint, ckpt_path)
+        if saved is None or subcommand not in self._given:
+            return False
+        at = self._given.index(subcommand) + 1
+        self._parsed = [*self._given[:at], "-c", saved, *self._given[at:]]
+        with argv_hidden():  # LightningCLI warns when it sees both args and sys.argv
+            self._parse(parser, self._parsed)
+        self.config[subcommand].ckpt_path = ckpt_path
+        self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
+        print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
+        return True
+
+    @staticmethod
+    def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
+        """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
+        why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+        tested = "test" in read_metrics(run_dir)
+        if why is None or (config.run.test_after_fit and not tested):
+            return
+        raise AlreadyFinished(
+            f"{run_dir} is complete ({why}{'; tested' if tested else ''}): nothing to do. "
+            "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
+        )
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning applies the checkpoint's model settings over the command line; kiln refuses a
+        resume that changes them instead (they would be ignored) and never lets a redacted secret
+        replace the real one. Overrides a private LightningCLI method (README: private APIs relied on)."""
+        checkpoint, self._checkpoint = self._checkpoint, None  # not held (nor its file mapped) for the whole run
+        if checkpoint is None:  # no checkpoint file named (or `last` found none)
+            return
+        subcommand = self.config.subcommand
+        saved = checkpoint.get("hyper_parameters", {})
+        if subcommand == "fit":
+            refuse_changed_settings(saved, self.config.fit.model, self.config.fit.ckpt_path)
+            keep_saved_stats(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data)
+            refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
+                                self.config.fit.ckpt_path)  # fmt: skip
+            return  # the model and data are built from the command line, which matches the checkpoint
+        if self._trained is not None:
+            return  # parsed with the checkpoint's model and data under the command's own settings
+        given = self.config[subcommand].clone()
+        super()._parse_ckpt_path()
+        keep_given_secrets(saved, given.model, self.config[subcommand].model)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_class_arguments(RunOptions, "run")
+        # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
+        parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
+        self.links.add_to(parser)  # num_classes, in_channels, input_shape: from the data, never restated
+        parser.add_argument(
+            "--init_from", type=str | None, default=None,
+            help="fit: start a new run from this checkpoint's weights (fine-tuning): new optimizer, schedule, folder",
+        )  # fmt: skip
+        parser.add_argument(
+            "--init_partial", type=bool, default=False,
+            help="with --init_from: load what fits by name and shape even from another network class",
+        )  # fmt: skip
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
+        self.config_dump = redact(self.config_dump)  # ... without secrets
+        secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
+        sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
+        finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
+        default_file = config_dir() / "train.yaml"
+        for line in carried_over(config, default_file, sources(self._parsed, [])):
+            print(line, file=sys.stderr)
+        settings = sources(self._parsed, [str(default_file)])
+        self.links.note(config, settings)
+        if why := missing_gpu(config.trainer, settings):  # before a run folder exists
+            raise ConfigError(why)
+        if self.subcommand == "fit" and (setting := nothing_to_train(config.trainer)):
+            raise UsageError(f"{setting}: fit would train nothing and test an untrained network; give a positive "
+                             "value (`kiln test --ckpt_path <file>` tests a trained one)")  # fmt: skip
+        prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
+        self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
+        console.to_run_folder(self.run_dir)
+        run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
+        run_paths.fill(config, config.run.name)
+        self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
+        self.save_config_kwargs["command"] = ["kiln", *self._given]  # env.json: as given (secrets hidden there)
+        for stale in remove_stale_temporaries(layout(self.run_dir).checkpoints):
+            print(f"removed {stale}, left by a checkpoint write that was killed", file=sys.stderr)
+        if notice := fall_back_from_bf16(config.trainer):
+            print(notice, file=sys.stderr)
+        if config.run.cpu_threads is not None:
+            torch.set_num_threads(config.run.cpu_threads)
+        callbacks = [node for _, node in class_nodes(config.trainer.callbacks, ())]
+        # callbacks the Trainer flags turn off: Lightning would refuse to start with them listed
+        flags: dict[type, tuple[bool, str]] = {
+            LearningRateMonitor: (not config.trainer.logger, "trainer.logger is false"),
+            ProgressBar: (config.trainer.enable_progress_bar is False, "trainer.enable_progress_bar is false"),
+            ModelSummary: (config.trainer.enable_model_summary is False, "trainer.enable_model_summary is false"),
+        }
+        kept = []
+        named = _named_callbacks(config.run.without, callbacks)
+        for callback in callbacks:
+            why = next((why for base, (off, why) in flags.items() if off and is_a(callback, base)), None)
+            if why is None and callback in named:
+                why = "run.without names it"
+            if why is None:
+                kept.append(callback)
+            else:
+                console.LOG.info(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}")
+        config.trainer.callbacks = kept
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            if (kiln_error := unwrap(err)) is not None:  # raised in a link: one line, not jsonargparse's chain
+                raise kiln_error from None
+            raise
+        self.links.prune(self.model.hparams)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("init_from"):
+            if self.subcommand not in (None, "fit"):
+                raise UsageError(f"--init_from starts a new `fit` from a checkpoint's weights; for {self.subcommand}, "
+                                 "name the checkpoint with --ckpt_path")  # fmt: skip
+            if config.get("ckpt_path"):  # the same command with `--ckpt_path last` goes on after a stop
+                print(
+                    f"--init_from {config.init_from}: not applied, the run resumes its own checkpoint", file=sys.stderr
+                )
+            else:
+                print(load_weights(self.model, config.init_from, partial=config.init_partial), file=sys.stderr)
+        if self._trained is not None:
+            refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
+
+    def before_fit(self) -> None:
+        process_group.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
+        self._start_wandb()
+
+    def _start_wandb(self) -> None:
+        """W&B's run starts before training, offline or off when it cannot start online (one line says so)."""
+        for logger in self.trainer.loggers:
+            wandb = isinstance(logger, WandbLogger) and self.trainer.is_global_zero
+            if wandb and (notice := start_or_fall_back(logger)):
+                print(notice, file=sys.stderr)
+
+    before_validate = before_test = before_predict = _start_wandb
+
+    def after_fit(self) -> None:
+        config = self.config[self.subcommand]
+        if not config.run.test_after_fit or self.trainer.interrupted:
+            return
+        try:
+            if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins
+                raise SIGTERMException if name == "SIGTERM" else Preempted(f"{name} before the test after fit")
+            self.test_metrics = test_after_fit(self.trainer, self.model, self.datamodule, config.run.test_ckpt)
+        except (SIGTERMException, Preempted):
+            print(
+                "the test after fit was stopped; training is complete: the same command with "
+                "`--ckpt_path last` tests it without training",
+                file=sys.stderr,
+            )
+            raise
+
+
+def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
+    """``(subcommand, file)`` when the command line is validate/test/predict with ``--ckpt_path <file>``
+    (not ``best``, ``last`` or a ``wandb:`` version, which need the parsed config to be found)."""
+    command = next((a for a in given if a in LightningCLI.subcommands()), None)
+    if command in (None, "fit"):
+        return None
+    for i, token in enumerate(given):
+        key, has_value, value = token.partition("=")
+        if key == "--ckpt_path":
+            value = value if has_value else (given[i + 1] if i + 1 < len(given) else "")
+            found = value not in ("", "best", "last", "hpc", "null", "None")
+            return (command, value) if found and not wandb_checkpoints.names_a_version(value) else None
+    return None
+
+
+@contextmanager
+def argv_hidden() -> Iterator[None]:
+    """``sys.argv[1:]`` empty for a parse given its own arguments: LightningCLI warns when it sees both,
+    and W&B records ``sys.argv`` as a run's command."""
+    command, sys.argv[1:] = sys.argv[1:], []
+    try:
+        yield
+    finally:
+        sys.argv[1:] = command
+
+
+def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Namespace]:
+    """The callbacks ``run.without`` names (by class name, path, or a base class's path); a name that
+    matches none stops in one line listing the names there are."""
+    found = []
+    for name in names:
+        base = import_class(name) if "." in name else None
+        matches = [
+            c for c in callbacks
+            if name in (c.class_path, c.class_path.rsplit(".", 1)[-1]) or (isinstance(base, type) and is_a(c, base))
+        ]  # fmt: skip
+        if not matches:
+            there = sorted({c.class_path.rsplit(".", 1)[-1] for c in callbacks})
+            hint = nearest(name.rsplit(".", 1)[-1], there)
+            raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
+        found += matches
+    return found
+
+
+def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
+    """The CLI with the default experiment's config applied first.
+
+    ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
+    tests get exactly what ``kiln fit`` would train.
+    """
+    top: dict[str, Any] = {
+        "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
+        "exit_on_error": False,  # parse errors become one line (kiln.cli.config_errors), not usage plus nested errors
+    }
+    defaults = {**top, "default_config_files": [str(config_dir() / "train.yaml")]}
+    return KilnCLI(
+        model_class=None,
+        datamodule_class=None,
+        save_config_callback=WandbConfigSaver,
+        save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
+        auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
+        parser_kwargs={**top, **{sub: defaults for sub in LightningCLI.subcommands()}} if run else defaults,
+        args=args,
+        run=run,
+    )

@@ -1,0 +1,94 @@
+"""A checkpoint is enough: ``validate``/``test``/``predict`` rebuild the model and the data it was trained with.
+
+The checkpoint holds both as hyper-parameters (the CLI's own config of each, with its class path).
+They go in as the first config after the defaults, so a ``-c`` file or flag the user gives still
+wins; an override the weights cannot load into stops in one line naming the setting and both values.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from torch import nn
+
+from kiln.cli.links import TARGETS, drop_link_targets
+from kiln.cli.resume_check import flat, init_only, saved_model
+from kiln.errors import UsageError
+from kiln.process.secrets import REDACTED
+
+
+def _section(hparams: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One ``class_path``/``init_args`` section from saved hyper-parameters (none if not saved by the CLI)."""
+    if not hparams or not hparams.get("_class_path"):
+        return None
+    init = {k: copy.deepcopy(v) for k, v in hparams.items() if not k.startswith("_") and v != REDACTED}
+    return {"class_path": hparams["_class_path"], "init_args": init}
+
+
+def net_without_init_only(net: Any) -> Any:
+    """A network's saved config without the arguments that only initialise its weights (``Timm``'s
+    ``weights``, in its ``init_only``): the checkpoint holds every weight, so the file need not exist."""
+    if not isinstance(net, dict) or not isinstance(net.get("init_args"), dict):
+        return net
+    unused = init_only(net.get("class_path"))
+    return {**net, "init_args": {k: None if k in unused else v for k, v in net["init_args"].items()}}
+
+
+def _run_name(ckpt_path: Path) -> str | None:
+    """The experiment name in the run folder's ``config.yaml``: results go beside the run's own."""
+    try:
+        run = (yaml.safe_load((ckpt_path.parent.parent / "config.yaml").read_text()) or {}).get("run") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return run.get("name")
+
+
+def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | None:
+    """The model and data the checkpoint was trained with (and its experiment name), as YAML for ``-c``;
+    None for a checkpoint the CLI did not write."""
+    config: dict[str, Any] = {
+        key: section
+        for key, section in (
+            ("model", _section(checkpoint.get("hyper_parameters"))),
+            ("data", _section(checkpoint.get("datamodule_hyper_parameters"))),
+        )
+        if section is not None
+    }
+    if "model" in config:
+        drop_link_targets(config["model"]["init_args"])  # set again from the data
+        if "net" in config["model"]["init_args"]:
+            config["model"]["init_args"]["net"] = net_without_init_only(config["model"]["init_args"]["net"])
+    if config and (name := _run_name(Path(ckpt_path))):
+        config["run"] = {"name": name}
+    return yaml.safe_dump(config, sort_keys=False) if config else None
+
+
+def weight_shapes(checkpoint: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items() if hasattr(v, "shape")}
+
+
+def refuse_unloadable(hparams: dict[str, Any], shapes: dict[str, tuple[int, ...]], model: nn.Module, ckpt: str) -> None:
+    """Stop before running when the model this command built cannot take the checkpoint's weights,
+    naming the setting that differs (a flag, a ``-c`` file, or the data's number of classes)."""
+    here = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    bad = sorted({*shapes} ^ {*here} | {k for k in shapes.keys() & here.keys() if shapes[k] != here[k]})
+    if not bad or not shapes:
+        return
+    first = bad[0]
+    weights = f"{first}: {list(shapes[first]) if first in shapes else 'absent'} in the checkpoint, " + (
+        f"{list(here[first])} here" if first in here else "absent here"
+    )
+    saved, given = saved_model(hparams), flat(dict(getattr(model, "hparams", {})), "model.init_args.")
+    given = {k: v for k, v in given.items() if not k.rpartition(".")[2].startswith("_")}
+    changed = [(k, saved[k], v) for k, v in given.items() if k in saved and saved[k] != v]
+    if changed:
+        key, before, after = changed[0]
+        source = " (from the data)" if key in TARGETS else ""
+        raise UsageError(
+            f"{key}{source}: the checkpoint {ckpt} was trained with {before!r}, this command gives {after!r}; "
+            f"its weights do not fit ({weights}): drop the override, or train a new model"
+        )
+    raise UsageError(f"the checkpoint {ckpt} does not fit the model this command builds ({weights})")

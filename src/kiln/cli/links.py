@@ -1,0 +1,159 @@
+"""The data declares its shapes once; the CLI links them into the model and its network.
+
+``num_classes``, ``in_channels`` and ``input_shape`` are read from the instantiated datamodule
+(``link_arguments(..., apply_on="instantiate")``), so experiment files never restate them. A
+value the user writes for one of them anyway is kept only when it agrees with the data.
+
+One value goes the other way: a pretrained network (the examples' ``Timm`` with weights) declares the
+normalisation its weights expect (``input_stats``), which becomes the data's ``mean``/``std``
+unless the user wrote them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection, MutableMapping
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser
+
+from kiln.cli.classes import import_class, parameters
+from kiln.cli.config_errors import Source, skeleton, where_written
+from kiln.errors import ConfigError, KilnError, UsageError
+
+# (what the datamodule declares, the model or network argument it sets)
+LINKS: tuple[tuple[str, str], ...] = (
+    ("num_classes", "model.init_args.num_classes"),
+    ("num_classes", "model.init_args.net.init_args.num_classes"),
+    ("in_channels", "model.init_args.net.init_args.in_channels"),
+    ("input_shape", "model.init_args.net.init_args.input_shape"),
+)
+TARGETS = frozenset(target for _, target in LINKS)
+
+
+def _is_key(key: str) -> Callable[[str, Any], bool]:
+    """Matches a written setting that is ``key``, however it was spelt (with or without ``init_args``)."""
+    return lambda path, _: skeleton(path) == skeleton(key)
+
+
+def _same(a: Any, b: Any) -> bool:
+    as_list = lambda v: list(v) if isinstance(v, list | tuple) else v  # noqa: E731
+    return bool(as_list(a) == as_list(b))
+
+
+class DataLinks:
+    """Links the datamodule's declarations into the model; refuses user values that contradict them."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, tuple[str, Any]] = {}  # target -> (where the user wrote it, the value)
+        self.accepted: set[str] = set()  # targets that the chosen model and network classes take
+        self.config: Namespace | None = None  # the subcommand's config: it records the statistics set from the net
+        self.stats_written: str | None = None  # where the user wrote data.mean or data.std, if they did
+        self.stats_pending = False  # the net declares statistics, to apply once the data exists
+
+    def add_to(self, parser: LightningArgumentParser) -> None:
+        for attr, target in LINKS:
+            parser.link_arguments("data", target, compute_fn=self._link(attr, target), apply_on="instantiate")
+
+    def note(self, config: Namespace, settings: list[Source]) -> None:
+        """Before instantiation: which targets the chosen classes take, and which the user wrote."""
+        self.written.clear()
+        self.accepted.clear()
+        by_user = {skeleton(path) for source in settings for path, _ in source.entries}
+        self.config = config
+        net = import_class(config.get("model.init_args.net.class_path") or "")
+        self.stats_pending = hasattr(net, "input_stats")
+        written = [key for key in ("data.mean", "data.std") if skeleton(key) in by_user]
+        self.stats_written = where_written(settings, _is_key(written[-1]), written[-1]) if written else None
+        for _, target in LINKS:
+            owner, name = target.rsplit(".init_args.", 1)
+            class_path = config.get(f"{owner}.class_path")
+            if not class_path or name not in parameters(import_class(class_path)):  # as jsonargparse reads them
+                continue
+            self.accepted.add(target)
+            if skeleton(target) in by_user and config.get(target) is not None:
+                where = where_written(settings, _is_key(target), target)
+                self.written[target] = (where, config.get(target))
+
+    def _link(self, attr: str, target: str) -> Callable[[Any], Any]:
+        def value(data: Any) -> Any:
+            self._use_net_stats(data)
+            declared = getattr(data, attr, None)
+            if target not in self.accepted:
+                return declared
+            name = type(data).__name__
+            where, given = self.written.get(target, (None, None))
+            if declared is None:
+                if given is not None:
+                    return given  # a datamodule that declares nothing: the user's value stands
+                if attr == "in_channels" and getattr(data, "input_shape", None) is not None:
+                    raise ConfigError(
+                        f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
+                        f"but the network takes in_channels: give the samples one (input_shape (1, "
+                        f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
+                        "1-D samples (an MLP)"
+                    )
+                raise ConfigError(f"{target}: {name} declares no {attr}; declare it in the datamodule")
+            if given is not None and not _same(given, declared):
+                raise UsageError(
+                    f"{where}: {given!r} contradicts the data: {name} has {attr} {declared!r}. "
+                    f"Drop the setting: the data sets it"
+                )
+            return declared
+
+        return value
+
+    def _use_net_stats(self, data: Any) -> None:
+        """The data normalises as the pretrained net expects: its statistics become ``data.mean``/``std``
+        (the module, its saved hyper-parameters and the run's config.yaml), unless the user wrote them."""
+        if not self.stats_pending or self.config is None:
+            return
+        self.stats_pending = False
+        net = self.config.model.init_args.net
+        stats = import_class(net.class_path).input_stats(net.init_args, getattr(data, "in_channels", None))
+        if stats is None:
+            return
+        mean, std = (list(values) for values in stats)
+        origin = f"{net.init_args.get('name') or net.class_path}'s pretrained weights"
+        name = type(data).__name__
+        if self.stats_written is not None:  # the user's statistics stand; a difference is said
+            if not (_same(getattr(data, "mean", mean), mean) and _same(getattr(data, "std", std), std)):
+                print(f"{self.stats_written}: keeping yours; {origin} expect mean {mean}, std {std}", file=sys.stderr)
+            return
+        if not {"mean", "std"} <= set(parameters(type(data))):
+            print(f"{name} takes no mean/std: {origin} expect mean {mean}, std {std}; normalise so", file=sys.stderr)
+            return
+        data.mean, data.std = tuple(mean), tuple(std)
+        data.hparams.update(mean=mean, std=std)  # what a checkpoint rebuilds the data with
+        self.config.data.init_args.mean, self.config.data.init_args.std = mean, std  # what config.yaml shows
+        print(f"data.mean {mean}, data.std {std}: the statistics {origin} expect", file=sys.stderr)
+
+    def prune(self, hparams: MutableMapping[str, Any]) -> None:
+        """Drop linked values that the chosen class does not take from the model's hyper-parameters.
+
+        Lightning records every applied link there; one the class does not take (``input_shape``
+        for a convolutional net) would stop ``--ckpt_path`` from rebuilding the model.
+        """
+        drop_link_targets(hparams, keep=self.accepted)
+
+
+def drop_link_targets(hparams: MutableMapping[str, Any], keep: Collection[str] = ()) -> None:
+    """Remove the linked values (all but ``keep``) from a model's hyper-parameters (its ``init_args``)."""
+    for target in TARGETS - set(keep):
+        *parents, name = target.removeprefix("model.init_args.").split(".")
+        node: Any = hparams
+        for key in parents:
+            node = node.get(key) if isinstance(node, MutableMapping) else None
+        if isinstance(node, MutableMapping):
+            node.pop(name, None)
+
+
+def unwrap(err: BaseException) -> KilnError | None:
+    """The kiln error raised inside a link's ``compute_fn`` (jsonargparse wraps it in a ValueError)."""
+    cause: BaseException | None = err
+    while cause is not None:
+        if isinstance(cause, KilnError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None

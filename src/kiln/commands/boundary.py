@@ -1,0 +1,140 @@
+"""Every kiln command's one boundary: it routes the subcommands, and turns whatever ends one into one line.
+
+Known failures (a user's error, a stop signal, a full disk, an unreadable file) become one line naming
+the file or key and the fix, with their exit code; anything else becomes one line saying an internal
+error happened and where its full traceback was saved (in the run folder when there is one). Nothing
+here imports torch: ``kiln infer`` runs without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped
+from kiln.process import stop_signals
+from kiln.process.secrets import load_env_file
+from kiln.runs import folders
+
+# subcommand -> the module and function that runs it (fit, validate, test and predict: kiln.cli)
+COMMANDS = {
+    "sweep": ("kiln.commands.sweep.driver", "sweep_command"),  # many `fit` runs, driven by Optuna
+    "multirun": ("kiln.commands.sweep.multirun", "multirun_command"),  # seeds, folds and grids of `fit`, aggregated
+    "export": ("kiln.commands.export", "export_command"),  # ONNX and torch.export files, checked against eager
+    "convert": ("kiln.commands.convert", "main"),  # any datamodule's splits to LitData chunks
+    "infer": ("kiln.commands.infer", "infer_command"),  # predictions from an exported model, without torch
+    "diff": ("kiln.commands.diff", "diff_command"),  # what differs between two runs: config, environment, code
+    "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
+}
+SIGNAL_EXIT = {"SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+own_runs = False  # the command (sweep, multirun) runs `kiln fit` itself and records each run's end
+
+
+def _command(argv: list[str], given: bool) -> Callable[[], object]:
+    """What runs ``argv``'s subcommand (``given``: passed in, not this process's command line, which
+    LightningCLI reads itself)."""
+    if argv[:1] and argv[0] in COMMANDS:
+        module, name = COMMANDS[argv[0]]
+        run = getattr(importlib.import_module(module), name)
+        return lambda: run(argv[1:])
+    from kiln.cli import build_cli
+
+    return lambda: build_cli(argv if given else None)
+
+
+def os_error(err: OSError) -> str | None:
+    """One line for a file-system failure a user can act on (full disk, no permission, read-only), else None."""
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    if err.errno in FULL:
+        return f"no space left on the device{where}: free some, or write elsewhere (--run.root, --output)"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{err.strerror or 'not permitted'}{where}: write where you may, or change the permissions"
+    return None
+
+
+def internal_error(err: BaseException) -> str:
+    """Save the traceback (in the run folder when there is one), and say where, in one line."""
+    folder = folders.current_run_dir()
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    if folder is not None and folder.is_dir():
+        saved = folder / f"error-{stamp}.log"
+    else:
+        saved = Path(tempfile.gettempdir()) / f"kiln-error-{stamp}.log"
+    try:
+        saved.write_text("".join(traceback.format_exception(err)))
+        where = f"the traceback is in {saved}"
+    except OSError:
+        where = "the traceback could not be saved"
+    first = str(err).splitlines()[0] if str(err) else ""
+    return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
+
+
+def _unexpected(err: Exception) -> str:
+    return f"error: {(os_error(err) if isinstance(err, OSError) else None) or internal_error(err)}"
+
+
+def _record(state: str, detail: str = "") -> None:
+    """How a Lightning command ended, in its run folder (sweep and multirun record each of their runs)."""
+    if not own_runs:
+        folders.record_status(state, detail)
+
+
+def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
+    """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file);
+    a run folder that stays records how its command ended (sweep and multirun record their own runs')."""
+    if remove_run and (removed := folders.remove_failed_run()):
+        print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
+    line = message() if callable(message) else message
+    _record("failed" if remove_run else "interrupted", line)
+    print(line, file=sys.stderr)
+    sys.exit(code)
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``kiln`` command."""
+    argv = sys.argv[1:] if args is None else [str(a) for a in args]
+    if verbose := [a for a in argv[: argv.index("--") if "--" in argv else None] if a in ("-v", "--verbose")]:
+        argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
+        os.environ["KILN_VERBOSE"] = "1"
+        args = argv
+    load_env_file()  # the project's .env (WANDB_API_KEY, …): under variables already set
+    stop_signals.install()
+    logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
+    global own_runs
+    own_runs = bool(argv[:1] and argv[0] in COMMANDS)
+    try:
+        _command(argv, given=args is not None)()
+        _record("finished")
+    except AlreadyFinished as done:
+        print(done, file=sys.stderr)
+    except KilnError as err:
+        _leave(f"error: {err}", err.exit_code)
+    except Stopped as stop:
+        _leave(str(stop), SIGNAL_EXIT[stop.signal_name], remove_run=False)
+    except Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
+        sys.exit(stop.code)
+    except Preempted as stop:
+        _record("interrupted", f"SIGUSR1: {stop}")
+        sys.exit(SIGNAL_EXIT["SIGUSR1"])  # PreemptionCheckpoint said where it saved
+    except KeyboardInterrupt:
+        _leave("stopped (Ctrl-C)", 130, remove_run=False)
+    except SystemExit as stop:
+        if type(stop).__name__ == "SIGTERMException":  # Lightning's: PreemptionCheckpoint said where it saved
+            _record("interrupted", "SIGTERM")
+            sys.exit(SIGNAL_EXIT["SIGTERM"])
+        raise
+    except Exception as err:  # an OSError a user can act on, or an internal error
+        _leave(partial(_unexpected, err), 1)

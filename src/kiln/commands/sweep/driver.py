@@ -1,0 +1,207 @@
+"""``kiln sweep -c configs/sweep/<name>.yaml``: ask Optuna, run each trial as ``kiln fit``, tell the result.
+
+Trials run in this process (``build_cli``), one after another: a new process per trial would pay
+the ~4 s start-up (imports) each time, against a target of 1 s overhead per trial. ``--subprocess``
+runs each trial as its own ``kiln fit`` process, which DDP needs (it starts its ranks from the command
+line). Every trial is a complete ``kiln fit`` with its own run folder, so presets, health checks and
+resume apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kiln.commands.arguments import OneLineParser
+from kiln.commands.sweep import reporting
+from kiln.commands.sweep.inprocess import (
+    describe,
+    fit,
+    fit_process,
+    parse_command,
+    resolved_config,
+)
+from kiln.commands.sweep.report import report
+from kiln.commands.sweep.reporting import MetricNotLogged
+from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
+from kiln.commands.sweep.study import OWNER, open_study, orphans, storage_for
+from kiln.errors import AlreadyFinished, Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
+from kiln.process import stop_signals
+from kiln.runs import folders
+
+
+def _best(values: dict[int, float], direction: str) -> float | None:
+    return (min if direction == "minimize" else max)(values.values()) if values else None
+
+
+def fit_trial_process(args: list[str], trial: Any, sweep: Sweep, sweep_dir: Path, storage: str | None) -> None:
+    """The trial as its own ``kiln fit`` process, told its trial by environment (``TrialReporter`` reopens it)."""
+    spec = {"file": sweep.file, "dir": str(sweep_dir), "storage": storage, "trial": trial._trial_id}
+    fit_process(args, {reporting.TRIAL_ENV: json.dumps(spec)})
+
+
+def run_trial(
+    study: Any, trial: Any, sweep: Sweep, sweep_dir: Path, resume: bool = False, storage: str | None = None,
+    subprocess_trials: bool = False,
+) -> str:  # fmt: skip
+    """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("owner", OWNER)
+    values = {param.key: param.suggest(trial) for param in sweep.space}
+    name = f"trial-{trial.number:04d}"
+    trial.set_user_attr("run", str(sweep_dir / name))
+    args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
+            "--run.test_after_fit=false", "--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
+            f"--trainer.callbacks.metric={sweep.metric}", *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
+    reporting.current = trial
+    os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
+    started = time.monotonic()
+    try:
+        if subprocess_trials:
+            fit_trial_process(args, trial, sweep, sweep_dir, storage)
+        else:
+            fit(args)
+    except AlreadyFinished:
+        pass  # trained before the last driver stopped: its reported values stand
+    except (SIGTERMException, Preempted, Interrupted):
+        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
+        raise
+    except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on
+        folders.remove_failed_run()
+        line = str(err).splitlines()[0] if str(err) else ""
+        state = _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
+        if isinstance(err, NeedsOwnProcess | MetricNotLogged):
+            raise  # every trial would fail the same way
+        return state
+    finally:
+        reporting.current = None
+        os.environ.pop("WANDB_RUN_GROUP", None)
+    trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
+    recorded = study.get_trials(deepcopy=False)[trial.number]  # what the reporter wrote, here or in the child
+    reported = recorded.intermediate_values
+    if recorded.user_attrs.get("pruned"):
+        study.tell(trial, state=TrialState.PRUNED)
+        epoch = max(reported)
+        print(f"{name}: pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})", file=sys.stderr)
+        return "PRUNED"
+    best = _best(reported, sweep.direction)
+    if best is None:
+        return _fail(study, trial, f"{sweep.metric} was never logged in validation")
+    study.tell(trial, best)
+    print(f"{name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
+    return "COMPLETE"
+
+
+def _fail(study: Any, trial: Any, message: str) -> str:
+    """Record the trial as FAIL with its one-line reason, and say so."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("error", message)
+    study.tell(trial, state=TrialState.FAIL)
+    print(f"trial-{trial.number:04d}: FAIL: {message}", file=sys.stderr)
+    return "FAIL"
+
+
+def check_space(sweep: Sweep, sweep_dir: Path) -> None:
+    """Every space key, and the fit arguments, must parse as ``kiln fit`` takes them: a misspelt key would fail
+    every trial, after using the study up. Checked with each dimension's first value, before any trial."""
+    first: dict[str, Any] = {}
+    for p in sweep.space:
+        first[p.key] = (p.choices or [None])[0] if p.kind == "categorical" else p.low
+        first[p.key] = int(p.low or 0) if p.kind == "int" else first[p.key]
+    try:
+        resolved_config([*sweep.args, *flags(first), f"--run.root={sweep_dir}", "--run.name=check"])
+    except UsageError as err:
+        raise UsageError(f"sweep {sweep.name}: {err} (a trial's settings, {describe(first)})") from None
+
+
+COUNTED = ("COMPLETE", "PRUNED", "RUNNING")  # what n_trials counts: a failed trial does not use it up
+
+
+def _counted(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED)))
+
+
+def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
+    """Run trials until the study holds ``n_trials`` complete, pruned or running ones, resuming orphaned ones
+    first; failed trials do not count, up to ``n_trials`` of them in one run of the command."""
+    import optuna
+    from optuna.trial import TrialState
+
+    sweep_dir = root / sweep.name
+    study = open_study(sweep, storage_for(sweep_dir, storage))
+    check_space(sweep, sweep_dir)
+    for orphan in orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
+        print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
+        reopened = optuna.trial.Trial(study, orphan._trial_id)
+        run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
+    if not study.get_trials(deepcopy=False):
+        for values in sweep.enqueue:  # first, the settings the sweep file names
+            study.enqueue_trial(values)
+    if _counted(study) >= sweep.n_trials:
+        print(f"{sweep.name}: the study holds its {sweep.n_trials} trials (complete, pruned or running): nothing to "
+              "run; give --n_trials or n_trials more to run more", file=sys.stderr)  # fmt: skip
+        return study
+    states: list[str] = []
+    while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
+        stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
+        trial = study.ask()
+        if _counted(study) > sweep.n_trials:  # another worker took the last one meanwhile (this one counts too)
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=TrialState.FAIL)
+            break
+        states.append(run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials))
+    if states and states.count("FAIL") == len(states):
+        report(study, sweep, sweep_dir)
+        raise KilnError(f"sweep {sweep.name}: every trial this run started failed ({len(states)}); each one's line "
+                        "above says why")  # fmt: skip
+    return study
+
+
+def sweep_command(args: list[str]) -> None:
+    """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report | --wandb] [-- kiln fit arguments]``."""
+    parser = OneLineParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
+    parser.add_argument("-c", "--config", required=True, help="the sweep file (configs/sweep/<name>.yaml)")
+    parser.add_argument(
+        "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"
+    )
+    parser.add_argument("--root", default="runs/sweeps", help="where sweep folders go")
+    parser.add_argument(
+        "--subprocess", action="store_true", help="each trial its own `kiln fit` process (DDP and multi-GPU trials)"
+    )
+    parser.add_argument(
+        "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
+    )
+    parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
+    parser.add_argument("--n_trials", type=int, help="trials the study should hold, instead of the file's n_trials")
+    options, extra = parse_command(parser, args)
+    sweep = read_sweep(options.config)
+    sweep.args += extra
+    if options.n_trials is not None:
+        if options.n_trials < 1:
+            raise UsageError(f"kiln sweep: --n_trials {options.n_trials}: give 1 or more")
+        sweep.n_trials = options.n_trials
+    root = Path(options.root)
+    if options.wandb:
+        path = root / sweep.name / "wandb_sweep.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(wandb_config(sweep), sort_keys=False))
+        print(f"wrote {path}: `wandb sweep {path}`, then `wandb agent <the sweep id it prints>` on each machine")
+        if sweep.pruner == "median":
+            print("W&B has no median pruner: its hyperband early termination stops runs from the same epoch on")
+        return
+    if options.report:
+        study = open_study(sweep, storage_for(root / sweep.name, options.storage))
+    else:
+        study = run_sweep(sweep, root, options.storage, options.subprocess)
+    report(study, sweep, root / sweep.name)

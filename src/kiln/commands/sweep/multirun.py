@@ -1,0 +1,228 @@
+"""``kiln multirun``: seeds, folds and small grids of ``kiln fit``, aggregated with confidence intervals.
+
+    kiln multirun --seeds 0-4 --folds 5 --grid model.init_args.net.init_args.width=16,32 -- -c configs/…
+
+Every run is an in-process ``kiln fit`` (``--subprocess``: its own process, for DDP) in
+``<root>/<name>/<cell>/seed<S>[-fold<F>]``; a run that completed with the same resolved config is
+skipped on a rerun (one with other settings is trained again beside it). ``results.md`` and
+``results.csv`` give mean, sample std, 95% confidence interval (Student's t) and n per metric and
+grid cell, each test metric once per set of weights the runs tested (``@best``, ``@last``).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from rich.console import Console
+from rich.table import Table
+
+from kiln import console
+from kiln.commands.arguments import OneLineParser
+from kiln.commands.sweep.inprocess import (
+    fit,
+    fit_process,
+    parse_command,
+    resolved_config,
+    short_key,
+)
+from kiln.commands.sweep.space import flags
+from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
+from kiln.files import written_whole
+from kiln.process import stop_signals
+from kiln.runs import folders
+from kiln.runs.metrics import run_metrics
+from kiln.training.testing import read_metrics
+
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond, the normal's 1.96
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045,
+       2.042)  # fmt: skip
+
+
+def seeds(text: str) -> list[int]:
+    """``0-4`` or ``1,3,7`` (or a mix) as a list of seeds."""
+    found: list[int] = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            found += list(range(int(low), int(high) + 1)) if high else [int(low)]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: give a range (0-4) or a list (1,3,7)") from None
+    if not found:
+        raise UsageError(f"--seeds {text!r}: an empty range, nothing to run; give low-high with low <= high (0-4)")
+    return found
+
+
+def grid(items: list[str]) -> list[dict[str, str]]:
+    """``KEY=V1,V2`` items as every combination of their values (one empty cell without items)."""
+    axes = []
+    for item in items:
+        key, _, values = item.partition("=")
+        if not key or not values:
+            raise UsageError(f"--grid {item!r}: give KEY=VALUE1,VALUE2 (a dotted CLI key)")
+        axes.append([(key, value) for value in values.split(",")])
+    return [dict(cell) for cell in itertools.product(*axes)]
+
+
+def cell_name(cell: dict[str, str]) -> str:
+    return "-".join(f"{short_key(key)}={value}" for key, value in cell.items()) or "base"
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Mean, sample standard deviation (n-1), the 95% interval's half-width, and n."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else float("nan")
+    t = T95[n - 2] if 1 < n <= len(T95) + 1 else 1.96
+    return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(n) if n > 1 else float("nan"), "n": n}
+
+
+CONFIG_FILE = "multirun.yaml"  # in a run folder: the config it was resolved to, what a rerun compares
+QUIET_RUN = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def describe_run(run_dir: Path) -> str:
+    """One line for a finished run: its test metrics by weights, and its folder."""
+    found = run_metrics(run_dir)
+    tested = [f"{key} {value:.4f}" for key, value in sorted(found.items()) if key.startswith("test/")]
+    return f"{', '.join(tested) or 'trained (no test)'} ({run_dir})"
+
+
+def legend(run_dirs: list[Path]) -> str:
+    """What ``@best`` and ``@last`` mean for these runs (the monitor their checkpoints were chosen by)."""
+    monitor = next((m for d in run_dirs if (m := (read_metrics(d).get("val") or {}).get("monitor"))), "val/loss")
+    return (
+        f"@best: the checkpoint (and its epoch's validation) with the best {monitor}; "
+        "@last: the final weights. Mean, sample std, 95% CI (Student's t) over n runs."
+    )
+
+
+def changed_keys(old: str, new: str, most: int = 3) -> str:
+    """``trainer.max_epochs 2 -> 5, …``: the settings that differ between two resolved configs."""
+    from kiln.results import UNSET, changed, flat
+
+    before, after = flat(yaml.safe_load(old) or {}), flat(yaml.safe_load(new) or {})
+    keys = changed(before, after)
+    shown = [f"{k} {before.get(k, UNSET)} -> {after.get(k, UNSET)}" for k in keys[:most]]
+    return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def finished(folder: Path, tested: bool, config: str) -> tuple[Path | None, str | None]:
+    """The run folder under ``folder`` that completed (tested, when tests are on) with ``config``; else
+    ``None`` and, when a completed run had other settings, which (it is never reused)."""
+    other = None
+    for run_dir in sorted(folder.glob("*"), reverse=True):
+        data = read_metrics(run_dir)
+        if "val" not in data or ("test" not in data and tested):
+            continue
+        saved = run_dir / CONFIG_FILE
+        if saved.is_file() and saved.read_text() == config:
+            return run_dir, None
+        if other is None:
+            other = changed_keys(saved.read_text(), config) if saved.is_file() else "settings not recorded"
+    return None, other
+
+
+def aggregate(root: Path, cell_runs: dict[str, list[Path]]) -> list[dict[str, Any]]:
+    """One row per (cell, metric): mean, std, ci95, n; written to results.csv and results.md and printed."""
+    rows = []
+    for cell, run_dirs in cell_runs.items():
+        per_run = [run_metrics(d) for d in run_dirs]
+        for metric in sorted({m for values in per_run for m in values}):
+            values = [values[metric] for values in per_run if metric in values]
+            rows.append({"cell": cell, "metric": metric, **summary(values)})
+    note = legend([d for run_dirs in cell_runs.values() for d in run_dirs])
+    with written_whole(root / "results.csv") as partial, partial.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["cell", "metric", "mean", "std", "ci95", "n"])
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| cell | metric | mean | std | 95% CI | n |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['cell']} | {r['metric']} | {r['mean']:.4f} | {r['std']:.4f} | ±{r['ci95']:.4f} | {r['n']} |"
+              for r in rows]  # fmt: skip
+    with written_whole(root / "results.md") as partial:
+        partial.write_text("\n".join(lines) + f"\n\n{note}\n")
+    table = Table(title=f"{root}: mean, std, 95% CI (t) over runs", title_justify="left", caption=note,
+                  caption_justify="left")  # fmt: skip
+    for column in ("cell", "metric", "mean", "std", "95% CI", "n"):
+        table.add_column(column, justify="left" if column in ("cell", "metric") else "right")
+    for r in rows:
+        table.add_row(
+            str(r["cell"]), str(r["metric"]), f"{r['mean']:.4f}", f"{r['std']:.4f}", f"±{r['ci95']:.4f}", str(r["n"])
+        )
+    Console(file=sys.stderr).print(table)
+    return rows
+
+
+def multirun_command(args: list[str]) -> None:
+    """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
+    parser = OneLineParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
+    parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
+    parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
+    parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")
+    parser.add_argument("--name", default="multirun", help="the folder under --root")
+    parser.add_argument("--root", default="runs/multirun")
+    parser.add_argument("--subprocess", action="store_true", help="each run its own `kiln fit` process (DDP)")
+    options, fit_args = parse_command(parser, args)
+    if options.folds is not None and options.folds < 2:
+        raise UsageError(f"--folds {options.folds}: give 2 or more")
+    root = Path(options.root) / options.name
+    tested = "--run.test_after_fit=false" not in fit_args
+    folds = list(range(options.folds)) if options.folds else [None]
+    cell_runs: dict[str, list[Path]] = {}
+    planned = [
+        (cell, seed, fold)
+        for cell in grid(options.grid)
+        for seed, fold in itertools.product(seeds(options.seeds), folds)
+    ]
+    failed = []
+    for cell, seed, fold in planned:
+        name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+        fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
+        run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
+               f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
+        stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
+        config = resolved_config(run)
+        done, other = finished(root / name, tested, config)
+        if done is not None:
+            print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
+        else:
+            if other is not None:
+                print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
+            before = set((root / name).glob("*"))
+            quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
+            try:
+                with console.run_summary_off():
+                    fit_process([*run, *quiet]) if options.subprocess else fit([*run, *quiet])
+            except (SIGTERMException, Preempted, Interrupted):
+                raise  # stopped from outside: the same command resumes
+            except Exception as err:  # a user error or a crash: this run fails, the others go on
+                folders.remove_failed_run()
+                line = str(err).splitlines()[0] if str(err) else ""
+                print(f"{name}: failed: {line if isinstance(err, KilnError) else f'{type(err).__name__}: {line}'}",
+                      file=sys.stderr)  # fmt: skip
+                if isinstance(err, NeedsOwnProcess):
+                    raise  # every run would fail the same way
+                failed.append(name)
+                continue
+            for new in set((root / name).glob("*")) - before:
+                (new / CONFIG_FILE).write_text(config)
+            done, _ = finished(root / name, tested, config)
+            if done is not None:
+                print(f"{name}: {describe_run(done)}", file=sys.stderr)
+        if done is not None:
+            cell_runs.setdefault(cell_name(cell), []).append(done)
+    if cell_runs:
+        aggregate(root, cell_runs)
+    if failed and len(failed) == len(planned):
+        raise KilnError(f"every run failed ({len(failed)}): nothing to aggregate; each run's line above says why")
+    if failed:
+        print(
+            f"{len(failed)} of {len(planned)} runs failed ({', '.join(failed)}): left out of the table", file=sys.stderr
+        )

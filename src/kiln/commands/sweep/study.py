@@ -1,0 +1,116 @@
+"""The Optuna study a sweep is: its storage, opened or created once, its trials' owners, a trial reopened."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln.commands.sweep.space import Sweep, read_sweep
+from kiln.errors import UsageError
+
+
+def _owner() -> str:
+    """Who runs a trial: a SLURM array task (the same after a requeue, on any node), else host and pid."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if job:
+        return f"slurm:{job}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+OWNER = _owner()
+
+
+def storage_for(sweep_dir: Path, given: str | None) -> Any:
+    """SQLite in the sweep folder by default; any Optuna URL; a ``.log``/``.journal`` file as a journal."""
+    import optuna
+
+    if given is None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        database = (sweep_dir / "study.db").resolve()
+        if database.is_file() and database.stat().st_size == 0:  # SQLite would take it for a new, empty study
+            raise UsageError(
+                f"{database} is empty (0 bytes): not the study its trial folders came from; restore it, or move "
+                "the sweep folder aside to start the sweep anew"
+            )
+        return f"sqlite:///{database}"
+    if given.endswith((".log", ".journal")):  # a shared filesystem without a database server
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(given))
+    return given
+
+
+def open_study(sweep: Sweep, storage: Any) -> Any:
+    import optuna
+
+    from kiln.commands.sweep.sampling import TrialSeeded
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the sweep prints its own one line per trial
+    kind = optuna.samplers.TPESampler if sweep.sampler == "tpe" else optuna.samplers.RandomSampler
+    sampler = TrialSeeded(lambda seed: kind(seed=seed), sweep.seed)
+    pruner = (
+        optuna.pruners.MedianPruner(
+            n_startup_trials=sweep.pruner_startup_trials, n_warmup_steps=sweep.pruner_warmup_epochs
+        )
+        if sweep.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
+    from sqlalchemy.exc import DatabaseError, IntegrityError
+
+    for attempt in range(6):
+        try:
+            return optuna.create_study(
+                study_name=sweep.name, storage=storage, direction=sweep.direction, sampler=sampler, pruner=pruner,
+                load_if_exists=True,
+            )  # fmt: skip
+        except (DatabaseError, optuna.exceptions.DuplicatedStudyError) as err:
+            reason = str(getattr(err, "orig", None) or err).splitlines()[0]
+            racing = isinstance(err, IntegrityError | optuna.exceptions.DuplicatedStudyError) or "exists" in reason
+            if racing and attempt < 5:  # another driver created the same new study meanwhile: load it next
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            where = str(storage).removeprefix("sqlite:///")
+            raise UsageError(
+                f"{where}: not a readable study database ({reason}): restore it, or move the sweep folder aside "
+                "to start the sweep anew"
+            ) from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def alive(owner: str) -> bool:
+    if owner.startswith("slurm:"):
+        return owner != OWNER  # our own task's earlier run (requeued): gone; another task's: running
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine's worker: not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def orphans(study: Any) -> list[Any]:
+    """Trials left RUNNING by a driver of this machine that is gone (killed, preempted): to resume."""
+    from optuna.trial import TrialState
+
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not alive(t.user_attrs.get("owner", ""))
+    ]
+
+
+def reopen_trial(spec: str) -> Any:
+    """The trial a ``--subprocess`` trial's ``kiln fit`` belongs to, from what the driver put in its environment."""
+    import optuna
+
+    given = json.loads(spec)
+    study = open_study(read_sweep(given["file"]), storage_for(Path(given["dir"]), given["storage"]))
+    return optuna.trial.Trial(study, given["trial"])  # no public call reopens a trial by id (README)

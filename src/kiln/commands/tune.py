@@ -1,0 +1,167 @@
+"""``kiln tune lr``: a learning-rate range test on the configured optimizer, whatever its class.
+
+    kiln tune lr [--min_lr 1e-7] [--max_lr 1] [--num_training 100] -- -c configs/experiment/digits.yaml
+
+The rate is set in the optimizer's parameter groups before each step (a callback), so no ``lr`` attribute on the
+model is needed, which Lightning's finder wants and an optimizer given as a callable in YAML does not have. The
+suggestion is where the smoothed loss falls fastest per decade of rate (Lightning's finder differentiates by the
+rate itself and corrects its smoothing one step off). The test trains a copy in a folder that is removed after,
+with the global random states put back, so a ``kiln fit`` after it is bitwise what it would have been without
+it. Writes ``lr_find.csv``, ``lr_find.png`` and ``tuned.yaml`` (the suggestion under the
+optimizer's key, for ``kiln fit … -c tuned.yaml``) into ``runs/<name>/tune-<timestamp>/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightning.pytorch import Callback
+
+from kiln.commands.arguments import OneLineParser
+from kiln.commands.sweep.inprocess import parse_command, resolved_config
+from kiln.errors import UsageError
+from kiln.files import written_whole
+
+
+def parse(args: list[str]) -> tuple[Any, list[str]]:
+    parser = OneLineParser(prog="kiln tune lr", description="A learning-rate range test; the fit arguments follow --.")
+    parser.add_argument("--min_lr", type=float, default=1e-7, help="the rate the test starts at")
+    parser.add_argument("--max_lr", type=float, default=1.0, help="the rate it ends at (or stops before: loss x4)")
+    parser.add_argument("--num_training", type=int, default=100, help="optimizer steps of the test")
+    if not args[:1] == ["lr"]:
+        raise UsageError("kiln tune: say what to tune: `kiln tune lr [options] -- <kiln fit arguments>`")
+    options, fit_args = parse_command(parser, args[1:])
+    if not 0 < options.min_lr < options.max_lr or options.num_training < 10:
+        raise UsageError("kiln tune lr: need 0 < --min_lr < --max_lr and --num_training of at least 10")
+    return options, fit_args
+
+
+class RangeTest(Callback):
+    """Sets every parameter group's rate before each step, exponentially from ``min_lr`` to ``max_lr`` (over any
+    schedule the model configures), and records the step's loss; stops when the smoothed loss passes 4x its
+    lowest, or is not finite."""
+
+    def __init__(self, min_lr: float, max_lr: float, steps: int) -> None:
+        self.rates = [min_lr * (max_lr / min_lr) ** (i / (steps - 1)) for i in range(steps)]
+        self.lrs: list[float] = []
+        self.losses: list[float] = []  # raw, per optimizer step
+        self.smoothed: list[float] = []
+        self._average = 0.0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        rate = self.rates[min(trainer.global_step, len(self.rates) - 1)]
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step <= len(self.lrs):
+            return  # an accumulation batch
+        loss = float(outputs["loss"] if isinstance(outputs, dict) else outputs)
+        self.lrs.append(self.rates[len(self.lrs)])
+        self.losses.append(loss)
+        self._average = BETA * self._average + (1 - BETA) * loss
+        self.smoothed.append(self._average / (1 - BETA ** len(self.losses)))  # bias-corrected: the first is the loss
+        if not math.isfinite(self.smoothed[-1]) or self.smoothed[-1] > 4 * min(self.smoothed):
+            trainer.should_stop = True
+
+    def suggestion(self) -> float | None:
+        """The rate where the smoothed loss falls fastest per decade, between the 10th step and its lowest."""
+        finite = [(lr, loss) for lr, loss in zip(self.lrs, self.smoothed, strict=True) if math.isfinite(loss)]
+        lowest = min(range(len(finite)), key=lambda i: finite[i][1]) if finite else 0
+        window = finite[: lowest + 1]
+        if len(window) < 12:
+            return None
+        slopes = [(window[i + 1][1] - window[i - 1][1]) / math.log10(window[i + 1][0] / window[i - 1][0])
+                  for i in range(10, len(window) - 1)]  # fmt: skip
+        return window[10 + min(range(len(slopes)), key=slopes.__getitem__)][0] if slopes else None
+
+
+BETA = 0.98  # the loss's smoothing
+
+
+def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: int) -> tuple[RangeTest, Any]:
+    """The range test on the model and data the fit arguments build, trained in a scratch run folder (removed
+    after) without validation, checkpoints or the non-finite guard, the global random states put back."""
+    from kiln.cli import argv_hidden, build_cli
+    from kiln.data.base import global_rngs_kept
+
+    scratch = Path(tempfile.mkdtemp(prefix="kiln-tune-"))
+    test = RangeTest(min_lr, max_lr, num_training)
+    settings = ["--trainer.logger", "false", "--run.root", str(scratch), "--trainer.max_steps", str(num_training),
+                "--trainer.max_epochs", "-1", "--trainer.limit_val_batches", "0", "--non_finite.action", "off",
+                "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
+                "--trainer.enable_model_summary", "false",
+                "--run.without", "[ModelCheckpoint, LastCheckpoint, BatchGrid, GradNormMonitor]"]  # fmt: skip
+    try:
+        with global_rngs_kept(), argv_hidden():
+            cli = build_cli([*fit_args, *settings], run=False)
+            cli.trainer.callbacks.append(test)  # type: ignore[attr-defined]
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return test, cli
+
+
+def optimizer_name(cli: Any) -> str:
+    """The optimizer class the config names (a callable's ``class_path``)."""
+    return str(getattr(cli.config.get("model.init_args.optimizer"), "class_path", None) or "the configured optimizer")
+
+
+def write_results(folder: Path, test: RangeTest, suggestion: float, optimizer: str, min_lr: float,
+                  max_lr: float) -> None:  # fmt: skip
+    """``lr_find.csv`` (rate, loss, smoothed), ``lr_find.png`` (the curve, the suggestion marked), ``tuned.yaml``."""
+    from kiln.runs import figures
+
+    lrs, losses = test.lrs, test.smoothed
+    folder.mkdir(parents=True, exist_ok=True)
+    with written_whole(folder / "lr_find.csv") as partial, partial.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["lr", "loss", "smoothed_loss"])
+        writer.writerows(zip(lrs, test.losses, losses, strict=True))
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4), layout="constrained")
+    ax = figure.subplots()
+    ax.plot(lrs, losses)
+    ax.set_xscale("log")
+    ax.axvline(suggestion, color="tab:red", linestyle="--", label=f"suggested {suggestion:.3g}")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss (smoothed)")
+    ax.set_title(f"learning-rate range test of {optimizer.rsplit('.', 1)[-1]}, {len(lrs)} steps")
+    ax.legend()
+    figures.save(figure, folder / "lr_find.png")
+    header = (f"# kiln tune lr: the steepest descent of the smoothed loss in a range test of {optimizer}\n"
+              f"# from {min_lr:g} to {max_lr:g} ({len(lrs)} steps, lr_find.csv)\n"
+              f"# use: kiln fit … -c {folder}/tuned.yaml\n")  # fmt: skip
+    tuned = {"model": {"init_args": {"optimizer": {"init_args": {"lr": float(f"{suggestion:.3g}")}}}}}
+    with written_whole(folder / "tuned.yaml") as partial:
+        partial.write_text(header + yaml.safe_dump(tuned, sort_keys=False))
+
+
+def tune_command(args: list[str]) -> None:
+    """``kiln tune lr …``: run the range test and write what it found."""
+    from datetime import datetime
+
+    options, fit_args = parse(args)
+    print(f"learning-rate range test: {options.num_training} steps from {options.min_lr:g} to {options.max_lr:g}",
+          file=sys.stderr)  # fmt: skip
+    test, cli = range_test(fit_args, options.min_lr, options.max_lr, options.num_training)
+    suggestion = test.suggestion()
+    if suggestion is None:
+        raise UsageError(f"kiln tune lr: no suggestion from {len(test.lrs)} steps (the loss never fell); "
+                         "raise --num_training or --max_lr")  # fmt: skip
+    run = (yaml.safe_load(resolved_config(fit_args)) or {}).get("run") or {}  # where the fit would write
+    folder = Path(run.get("root") or "runs") / str(run.get("name") or cli.config.run.name)
+    folder = folder / datetime.now().strftime("tune-%Y-%m-%d_%H-%M-%S")
+    write_results(folder, test, suggestion, optimizer_name(cli), options.min_lr, options.max_lr)
+    command = " ".join(["kiln fit", *fit_args, "-c", str(folder / "tuned.yaml")])
+    print(f"suggested learning rate {suggestion:.3g} ({folder / 'lr_find.png'}); train with it: {command}",
+          file=sys.stderr)  # fmt: skip

@@ -1,0 +1,1 @@
+"""The process: stop signals, DDP process groups, secrets and the project's .env."""

@@ -1,0 +1,275 @@
+"""One folder per run: ``<root>/<name>/<timestamp>`` holds config, checkpoints, logs and pictures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "KILN_RUN_DIR"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where a run keeps what it writes: the one place that knows the folder's layout."""
+
+    root: Path
+    CHECKPOINTS = "checkpoints"
+    LAST = "last.ckpt"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    @property
+    def last(self) -> Path:
+        """The newest training state (``LastCheckpoint``), what ``--ckpt_path last`` resumes."""
+        return self.checkpoints / self.LAST
+
+    @property
+    def metrics(self) -> Path:
+        """The test after fit's results; its presence marks a tested run."""
+        return self.root / "metrics.json"
+
+    @property
+    def status(self) -> Path:
+        """How the last command in this folder ended (``record_status``)."""
+        return self.root / "status.json"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+
+def layout(run_dir: str | Path) -> RunLayout:
+    """The layout of the run folder ``run_dir`` (a Trainer's ``default_root_dir``)."""
+    return RunLayout(Path(run_dir))
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, Any]:
+    """A run's ``metrics.json`` (empty when it has none yet)."""
+    import json
+
+    path = layout(run_dir).metrics
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
+this_run: Path | None = None  # the run folder of this process's current command, created or resumed
+created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The highest of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)`` creates)."""
+    top = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        top = folder
+    return top
+
+
+def _job_id() -> str | None:
+    """A cluster job id shared by all processes of one launch (SLURM, torchrun), if any."""
+    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(var)
+        if value and value != "none":
+            return f"job-{value}"
+    return None
+
+
+def new_command() -> None:
+    """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
+    global created, this_run
+    created = this_run = None
+
+
+def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, prefix: str = "") -> Path:
+    """Pick this run's folder, the same one in every process of a multi-process launch.
+
+    A resumed run keeps the folder of its checkpoint. Otherwise the launching process picks a
+    fresh timestamped folder (``prefix``: ``test-`` and so on for the evaluation commands, whose
+    folders hold results, not training runs) and exports it; Lightning's DDP
+    workers (``LOCAL_RANK`` > 0) inherit it. Cluster launches, whose processes start
+    independently, use the job id instead, so a requeued SLURM job finds its old folder.
+    """
+    global created, created_top, this_run
+    inherited = os.environ.get(RUN_DIR_ENV)
+    if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        return Path(inherited)
+    if resume is not None:  # a resumed run goes on in its own folder
+        os.environ[RUN_DIR_ENV] = str(resume)
+        this_run = resume
+        record_status("running")
+        return resume
+    base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
+    created_top = _first_missing(base)
+    job = _job_id()
+    if job is not None:
+        run_dir = base / job
+        if not run_dir.is_dir():
+            created = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)  # every process of the job, and its requeues, share it
+    else:
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = prefix + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        run_dir, n = base / stamp, 1
+        while True:  # mkdir either creates the folder or fails: two runs never share one
+            try:
+                run_dir.mkdir()
+                break
+            except FileExistsError:  # another run started in the same second
+                run_dir, n = base / f"{stamp}_{n}", n + 1
+        created = run_dir
+    os.environ[RUN_DIR_ENV] = str(run_dir)
+    this_run = run_dir
+    record_status("running")  # until the command says how it ended; a kill -9 leaves it so
+    return run_dir
+
+
+def current_run_dir() -> Path | None:
+    """The run folder of the command in this process, if it got one."""
+    exported = os.environ.get(RUN_DIR_ENV)
+    return this_run or (Path(exported) if exported else None)
+
+
+def record_status(state: str, detail: str = "", run_dir: str | Path | None = None) -> None:
+    """``status.json`` in this command's run folder (rank 0 only): ``running`` from its start, then how the
+    command ended, ``finished``, ``failed`` or ``interrupted``, with its one line; what ``kiln.results`` lists.
+    ``run_dir``: a run's own folder (``RunMetrics`` records a fit called from a notebook, outside a command)."""
+    import json
+    from datetime import datetime, timezone
+
+    from kiln.files import written_whole
+
+    folder = Path(run_dir) if run_dir is not None else this_run
+    if folder is None or not folder.is_dir() or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    record = {"status": state, "detail": detail, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        with written_whole(layout(folder).status) as partial:
+            partial.write_text(json.dumps(record, indent=2) + "\n")
+    except OSError:  # a full disk: the run's other files say what they can
+        pass
+
+
+def remove_failed_run() -> Path | None:
+    """Remove the run folder this process created when the run failed before writing any checkpoint.
+
+    It would hold only ``config.yaml`` and logger files of a run that trained nothing, which a
+    later ``--ckpt_path last`` steps around without a word. Returns the folder removed.
+    """
+    if created is None or not created.is_dir() or any(layout(created).checkpoints.glob("*.ckpt")):
+        return None
+    shutil.rmtree(created, ignore_errors=True)
+    folder = created.parent
+    while created_top is not None and folder.is_relative_to(created_top):  # the folders made for it, if empty
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+        folder = folder.parent
+    return created
+
+
+PARTIAL = ("fast_dev_run", "overfit_batches", "limit_train_batches", "limit_val_batches")
+
+
+def partial_data(trainer: Any) -> str | None:
+    """The Trainer setting with which a run trains or validates on part of the data (the debug presets,
+    ``--trainer.limit_train_batches``), as ``key=value``; ``None`` for a run on all of it."""
+    get = trainer.get if hasattr(trainer, "get") else lambda key, default=None: default
+    for key in PARTIAL:
+        value = get(key, None)
+        full = value in (None, False, 0, 0.0) if key in ("fast_dev_run", "overfit_batches") else value in (None, 1.0)
+        if not full:
+            return f"{key}={value}"
+    return None
+
+
+def nothing_to_train(trainer: Any) -> str | None:
+    """The Trainer setting with which ``fit`` would train nothing (and test an untrained network), if any."""
+    for key in ("max_epochs", "max_steps", "limit_train_batches"):
+        if trainer.get(key, None) in (0, 0.0):
+            return f"trainer.{key} {trainer.get(key)}"
+    return None
+
+
+def run_partial_data(run_dir: Path) -> str | None:
+    """:func:`partial_data` of the run in ``run_dir``, from its ``config.yaml`` (``None`` without one)."""
+    import yaml
+
+    config = run_dir / "config.yaml"
+    try:
+        trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") if config.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return partial_data(trainer) if isinstance(trainer, dict) else None
+
+
+class Pick:
+    """Which runs ``--ckpt_path last|best`` may take for a command: a run on part of the data (a debug
+    preset) is never taken for a run on all of it; a ``fit`` resumes only a run of its own kind."""
+
+    def __init__(self, command_partial: str | None, fit: bool) -> None:
+        self.command_partial, self.fit = command_partial, fit
+        self.left_out: list[tuple[Path, str]] = []  # newer runs passed over, with why
+
+    def accepts(self, run_dir: Path) -> bool:
+        partial = run_partial_data(run_dir)
+        taken = (partial is None) == (self.command_partial is None) if self.fit else (
+            partial is None or self.command_partial is not None)  # fmt: skip
+        if not taken:
+            self.left_out.append((run_dir, partial or "all of the data"))
+        return taken
+
+    def note(self, option: str) -> str | None:
+        """One line on the newer runs left out, if any."""
+        if not self.left_out:
+            return None
+        runs = ", ".join(f"{run.name} ({why})" for run, why in self.left_out[:3])
+        kind = "on part of the data" if self.command_partial is None else "on all of the data"
+        more = f" and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+        return f"{option}: left out {len(self.left_out)} newer run(s) {kind}: {runs}{more}"
+
+
+def latest_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
+    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of experiment ``name`` (of a run ``pick`` takes).
+
+    Under a cluster job id only that job's own folder counts (a requeue keeps its id), so a second
+    job with other settings never continues the first one's run.
+    """
+    runs = Path(root).resolve() / name
+    job = _job_id()
+    pattern = f"{job or '*'}/{RunLayout.CHECKPOINTS}"
+    found = [*runs.glob(f"{pattern}/{RunLayout.LAST}"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
+    for checkpoint in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        if pick is None or pick.accepts(checkpoint.parent.parent):
+            return checkpoint
+    return None
+
+
+def best_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
+    """The best checkpoint of experiment ``name``'s newest run (that ``pick`` takes), as its ``ModelCheckpoint``
+    recorded it: the file of that name in the run's own folder, so a moved or copied run finds its own."""
+    from kiln.training.checkpointing import load_checkpoint_file
+
+    last = latest_checkpoint(root, name, pick)
+    if last is None:
+        return None
+    states = load_checkpoint_file(last, mmap=True).get("callbacks", {})
+    for key, state in states.items():
+        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
+        for candidate in (last.parent / Path(best).name, Path(best)) if best else ():
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def wandb_run_id(run_dir: Path) -> str | None:
+    """The id of the W&B run logged in ``run_dir`` (its ``wandb/latest-run`` points at ``…-<id>``)."""
+    latest = layout(run_dir).wandb / "latest-run"
+    return latest.resolve().name.rsplit("-", 1)[-1] if latest.exists() else None

@@ -1,0 +1,74 @@
+"""The test after ``fit``: which weights are scored, ``metrics.json``, and the run summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+
+from kiln import console
+from kiln.files import written_whole
+from kiln.runs.folders import layout, read_metrics
+from kiln.runs.summary import TestResult, print_summary, wandb_sync_command
+from kiln.training.checkpointing import load_checkpoint_file
+from kiln.wandb.mode import finish_wandb
+
+TestChoice = Literal["best", "last", "both"]
+
+
+def _step(path: str) -> int | None:
+    return load_checkpoint_file(path, mmap=True).get("global_step")
+
+
+def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str, str | None, int | None]]:
+    """``(label, file, step)``: the best and/or the last checkpoint; one entry when both hold the same step."""
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
+    last_file = layout(trainer.default_root_dir).last
+    last = str(last_file) if last_file.is_file() else None
+    if best is None and last is None:
+        return [("final weights", None, trainer.global_step)]
+    if choice == "best" or last is None:
+        path = best or last
+        return [("best" if best else "last", path, _step(path))]  # type: ignore[arg-type]
+    if choice == "last" or best is None:
+        return [("last", last, _step(last))]
+    best_step, last_step = _step(best), _step(last)
+    if best_step == last_step:
+        return [("best = last", best, best_step)]
+    return [("best", best, best_step), ("last", last, last_step)]
+
+
+def test_after_fit(
+    trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, choice: TestChoice
+) -> dict[str, float]:
+    """Test the chosen checkpoints, write ``metrics.json``, print the summary; the first one's metrics."""
+    results = []
+    for label, path, step in checkpoints_to_test(trainer, choice):
+        out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
+        results.append(TestResult(label, path, step, dict(out[0]) if out else {}))
+    run_dir = Path(trainer.default_root_dir)
+    if trainer.is_global_zero:
+        write_metrics(run_dir, trainer, results)
+        sync = wandb_sync_command(trainer)  # read from the run before it closes
+        finish_wandb()  # W&B prints its history as it closes: before the summary, so the console ends on it
+        if console.run_summary_wanted():
+            print_summary(results, run_dir, sync)
+    return results[0].metrics
+
+
+def update_metrics(run_dir: str | Path, **sections: Any) -> None:
+    """Set top-level entries of ``metrics.json``, keeping the others; written whole or not at all."""
+    data = {**read_metrics(run_dir), **sections}
+    metrics = layout(run_dir).metrics
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    with written_whole(metrics) as partial:
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) -> None:
+    """The test section of ``metrics.json`` (with epochs and steps trained); it marks a tested run."""
+    update_metrics(run_dir, epochs=trainer.current_epoch, global_step=trainer.global_step,
+                   test=[asdict(result) for result in results])  # fmt: skip
