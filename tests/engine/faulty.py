@@ -63,7 +63,7 @@ class LabelsOutOfRange(DigitsDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         assert isinstance(self.train_set, InMemoryDataset)
-        self.train_set.labels[::10] = self.num_classes
+        self.train_set.targets[::10] = self.num_classes
 
 
 class ConstantLabels(DigitsDataModule):
@@ -72,7 +72,7 @@ class ConstantLabels(DigitsDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         assert isinstance(self.train_set, InMemoryDataset)
-        self.train_set.labels[:] = 3
+        self.train_set.targets[:] = 3
 
 
 class WithApiKey(Classifier):
@@ -118,7 +118,8 @@ class EmptySplit(DigitsDataModule):
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
         split = getattr(self, f"{self.empty}_set")
-        setattr(self, f"{self.empty}_set", self.make_dataset(split.inputs[:0], split.labels[:0], self.empty == "train"))
+        emptied = self.make_dataset(split.inputs[:0], split.targets[:0], self.empty == "train")
+        setattr(self, f"{self.empty}_set", emptied)
 
 
 class MissingChannel(DigitsDataModule):

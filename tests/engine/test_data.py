@@ -29,7 +29,7 @@ def test_digits_split_is_seeded_disjoint_and_complete() -> None:
     a, b, c = DigitsDataModule(split_seed=3), DigitsDataModule(split_seed=3), DigitsDataModule(split_seed=4)
     for dm in (a, b, c):
         dm.setup()
-    assert torch.equal(a.test_set.labels, b.test_set.labels)  # type: ignore[union-attr, arg-type]
+    assert torch.equal(a.test_set.targets, b.test_set.targets)  # type: ignore[union-attr, arg-type]
     assert torch.equal(a.test_set.inputs, b.test_set.inputs)  # type: ignore[union-attr]
     assert not torch.equal(a.test_set.inputs, c.test_set.inputs)  # type: ignore[union-attr]
     sizes = [len(s) for s in (a.train_set, a.val_set, a.test_set)]  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ from helpers import CONFIGS, LIMIT
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.data.folder import decode
+from research.data.waveforms import SHAPES
 
 for needed in ("onnx", "onnxscript", "onnxruntime"):
     pytest.importorskip(needed, reason="needs the onnx extra (make install; uv sync --extra onnx)")
@@ -41,8 +42,9 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
     assert stop.value.code == 1 and not list(tmp_path.glob("*strict*"))
     model = fit.model.eval()
     x = torch.randn(5, 1, 8, 8)
-    with torch.inference_mode():
-        assert torch.allclose(torch.export.load(out / "model.pt2").module()(x), model(x).softmax(-1), atol=1e-6)
+    with torch.inference_mode():  # the module's own forward, logits: no softmax added
+        assert torch.allclose(torch.export.load(out / "model.pt2").module()(x), model(x), atol=1e-6)
+    assert json.loads((out / "preprocess.json").read_text())["output"] == "logits"
 
     images = write_image_folder(tmp_path / "images", classes=3, per_class=2)
     command = [sys.executable, "-X", "importtime", "-m", "kiln", "infer", "--model", str(out / "model.onnx"),
@@ -79,21 +81,30 @@ def test_preprocess_json_of_a_signal_model_prepares_raw_signals_as_training_did(
     out = tmp_path / "served"
     capsys.readouterr()
     main(["export", "--ckpt_path", str(last), "--output", str(out), "--format", "onnx"])
-    assert "kiln infer" not in capsys.readouterr().err.splitlines()[-1].split("(")[0]  # it reads images only
+    assert "<.npy or .csv files of samples of shape [1, 64]>" in capsys.readouterr().err.splitlines()[-1]
     spec = json.loads((out / "preprocess.json").read_text())
     assert spec["source"] == "array" and spec["input_shape"] == [1, 64] and spec["resize"] is None
     assert spec["scale"] == 1.0 and spec["mean"] == [0.5] and spec["std"] == [2.0] and "x = (sample" in spec["recipe"]
     data = fit.datamodule
     raw = np.stack([data.test_set.raw(i)[0].numpy() for i in range(len(data.test_set))])  # as stored
-    labels = data.test_set.labels.numpy()
+    labels = data.test_set.targets.numpy()
     x = ((raw * spec["scale"] - np.asarray(spec["mean"])) / np.asarray(spec["std"])).astype(spec["dtype"])
     served = onnxruntime.InferenceSession(out / "model.onnx").run(None, {spec["input"]: x})[0]
     model = fit.model.eval()
     with torch.inference_mode():
         normalised = torch.cat([batch[0] for batch in data.test_dataloader()])  # the data module's own path
-        eager = model(normalised).softmax(-1).numpy()
+        eager = model(normalised).numpy()
     np.testing.assert_allclose(served, eager, atol=1e-5)
     assert (served.argmax(1) == labels).mean() == (eager.argmax(1) == labels).mean()
+    np.save(tmp_path / "raw.npy", raw[:5])  # kiln infer: raw samples in, the data's recipe applied
+    main(["infer", "--model", str(out / "model.onnx"), "--output", str(tmp_path / "p.csv"), str(tmp_path / "raw.npy")])
+    with (tmp_path / "p.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["sample"] for row in rows] == ["0", "1", "2", "3", "4"]
+    assert [int(row["predicted"]) for row in rows] == eager[:5].argmax(1).tolist()
+    probabilities = torch.tensor(eager[:5]).softmax(-1)
+    assert torch.allclose(torch.tensor([[float(row[f"p_{n}"]) for n in SHAPES] for row in rows]), probabilities,
+                          atol=2e-6)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -120,12 +131,13 @@ def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_li
     assert stop.value.code == 2 and not any((tmp_path / "served").iterdir())
 
 
-def test_infer_refuses_a_model_of_non_image_samples_in_one_line(tmp_path: Path) -> None:
+def test_infer_refuses_a_model_of_token_ids_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"")  # refused before it is read
-    (tmp_path / "preprocess.json").write_text(json.dumps({"input_shape": [1, 40], "input": "input"}))
-    (tmp_path / "signal.png").write_bytes(b"")
+    spec = {"source": "array", "dtype": "int64", "input_shape": [32], "input": "input"}
+    (tmp_path / "preprocess.json").write_text(json.dumps(spec))
+    (tmp_path / "ids.npy").write_bytes(b"")
     command = [sys.executable, "-m", "kiln", "infer", "--model", str(tmp_path / "model.onnx"), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "kiln infer reads image files, but" in done.stderr and "shape [1, 40], not images" in done.stderr
+    assert "takes int64 ids of shape [32], made by the data (a tokenizer), not files" in done.stderr
     assert not (tmp_path / "predictions.csv").exists()

@@ -120,12 +120,20 @@ def test_constant_labels_warn() -> None:
         ((torch.zeros(2), torch.zeros(2, dtype=torch.long)), r"shape \(2,\), expected \(batch, ...\)"),
         ((torch.full((2, 1, 8, 8), float("nan")), torch.zeros(2, dtype=torch.long)), r"NaN/Inf in samples \[0, 1\]"),
         ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"label -1 of sample 0 is outside \[0, 10\)"),
-        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "expected 1-D integers"),
+        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "but the data declares 10 classes: class labels are 1-D integers"),
     ],
 )
 def test_check_batch_names_the_field(batch: tuple, match: str) -> None:
     with pytest.raises(HealthCheckError, match=match):
         check_batch(batch, "train batch 0", num_classes=10, input_shape=(1, 8, 8))
+
+
+def test_check_batch_takes_token_ids_and_real_valued_targets_where_the_data_declares_no_classes() -> None:
+    tokens = torch.randint(0, 96, (4, 16))
+    assert check_batch((tokens, torch.randint(0, 96, (4, 16))), "train batch 0", None, input_shape=(16,)) == []
+    assert check_batch((torch.rand(4, 10), torch.randn(4) * 5), "train batch 0", None, input_shape=(10,)) == []
+    with pytest.raises(HealthCheckError, match=r"targets contain NaN/Inf in samples \[1\]"):
+        check_batch((torch.rand(4, 10), torch.tensor([1.0, float("nan"), 0.0, 2.0])), "train batch 0", None)
 
 
 def test_check_batch_takes_any_declared_sample_shape_and_the_networks_channels() -> None:

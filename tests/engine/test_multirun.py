@@ -103,7 +103,7 @@ def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> No
     assert sum(len(h) for h in held_out) == len(pool) and set().union(*held_out) == pool  # disjoint, covering
     data = DigitsDataModule(num_workers=0, num_folds=5, fold=0)
     data.setup()
-    assert torch.bincount(data.val_set.labels, minlength=10).min() >= 20  # type: ignore[union-attr, arg-type]  # stratified
+    assert torch.bincount(data.val_set.targets, minlength=10).min() >= 20  # type: ignore[union-attr, arg-type]  # stratified
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from kiln.callbacks.predictions import PredictionWriter
 from kiln.callbacks.progress import ProgressBar
 from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
 from kiln.callbacks.run_metrics import RunMetrics
+from kiln.callbacks.train_loss import TrainLoss
 
 __all__ = [
     "EMA",
@@ -28,4 +29,5 @@ __all__ = [
     "PreemptionCheckpoint",
     "ProgressBar",
     "RunMetrics",
+    "TrainLoss",
 ]

@@ -1,9 +1,9 @@
-"""Check the first batches before they cost a run: shapes, dtypes, NaN/Inf, label ranges, class balance."""
+"""Check the first batches before they cost a run: shapes, NaN/Inf, and for class data label ranges and balance."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -11,17 +11,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from kiln.console import say
 from kiln.data.base import check_labels
 from kiln.errors import HealthCheckError
-
-
-def _declared(trainer: Trainer, pl_module: LightningModule, name: str) -> Any:
-    """``name`` (num_classes, input_shape) as the datamodule declares it (the model's, for data that declares none)."""
-    for owner in (getattr(trainer, "datamodule", None), pl_module):
-        value = getattr(owner, name, None)
-        if value is not None:
-            return value
-    return None
+from kiln.training.contracts import classes, datamodule, declared_classes, sample_shape
 
 
 def _shape_problem(x: Tensor, input_shape: Sequence[int] | None, channels: int | None) -> str | None:
@@ -37,6 +30,16 @@ def _shape_problem(x: Tensor, input_shape: Sequence[int] | None, channels: int |
     return None
 
 
+def _non_finite(t: Tensor, what: str, where: str) -> None:
+    """Stop on NaN/Inf in a float tensor, naming the samples (integers, such as token ids, have none)."""
+    if not torch.is_floating_point(t) or t.ndim < 1:
+        return
+    finite = torch.isfinite(t)
+    if not bool(finite.all()):
+        bad = (~finite).reshape(len(t), -1).any(1).nonzero().flatten().tolist()
+        raise HealthCheckError(f"{where}: {what} contain NaN/Inf in samples {bad[:10]}")
+
+
 def check_batch(
     batch: Any,
     where: str,
@@ -44,33 +47,45 @@ def check_batch(
     input_shape: Sequence[int] | None = None,
     channels: int | None = None,
 ) -> list[str]:
-    """Raise :class:`HealthCheckError` for a broken ``(inputs, labels)`` batch of any sample shape; return warnings.
+    """Raise :class:`HealthCheckError` for a broken ``(inputs, targets)`` batch of any task; return warnings.
 
-    ``input_shape`` is one sample's shape as the data declares it; ``channels`` what the network takes, if it says.
+    Inputs: float (NaN/Inf checked) or integer ids. Targets: class indices in ``[0, num_classes)`` where the data
+    declares classes; anything else (real values, token ids) as it comes, NaN/Inf checked. ``input_shape`` is
+    one sample's shape as the data declares it; ``channels`` what the network takes, if it says.
     """
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        raise HealthCheckError(f"{where}: expected an (inputs, labels) pair, got {type(batch).__name__}")
     x, y = batch
-    if not torch.is_floating_point(x):
-        raise HealthCheckError(f"{where}: inputs have dtype {x.dtype}, expected a float dtype (normalise them)")
-    if x.ndim < 2:
-        raise HealthCheckError(f"{where}: inputs have shape {tuple(x.shape)}, expected (batch, ...)")
+    if not isinstance(x, Tensor) or x.ndim < 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise HealthCheckError(f"{where}: inputs have shape {shape}, expected (batch, ...)")
+    if x.dtype == torch.uint8:  # integer ids are int64 (or int32); bytes are pixels nobody scaled
+        raise HealthCheckError(f"{where}: inputs have dtype torch.uint8 (raw pixels?): convert them to float and "
+                               "normalise them")  # fmt: skip
     if problem := _shape_problem(x, input_shape, channels):
         raise HealthCheckError(f"{where}: {problem}")
-    finite = torch.isfinite(x)
-    if not bool(finite.all()):
-        bad = (~finite).flatten(1).any(1).nonzero().flatten().tolist()
-        raise HealthCheckError(f"{where}: inputs contain NaN/Inf in samples {bad[:10]}")
-    if y.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or y.ndim != 1:
+    _non_finite(x, "inputs", where)
+    if not isinstance(y, Tensor):
+        return []
+    _non_finite(y, "targets", where)
+    if num_classes is None:
+        return []
+    if torch.is_floating_point(y) or y.ndim != 1:
         raise HealthCheckError(
-            f"{where}: labels have dtype {y.dtype} and shape {tuple(y.shape)}, expected 1-D integers"
+            f"{where}: labels have dtype {y.dtype} and shape {tuple(y.shape)}, but the data declares "
+            f"{num_classes} classes: class labels are 1-D integers (or declare no num_classes)"
         )
-    if num_classes is not None:  # TensorDataModule checks every batch against its own
-        check_labels(y, num_classes, where)
+    check_labels(y, num_classes, where)
     warnings = []
     if len(y) > 1 and bool((y == y[0]).all()):
         warnings.append(f"{where}: all {len(y)} labels are {int(y[0])}: is the data sorted and not shuffled?")
     return warnings
+
+
+def check_tensors(batch: Any, where: str) -> None:
+    """A batch that is not an ``(inputs, targets)`` pair: NaN/Inf in any float tensor it holds."""
+    found = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else [batch]
+    for i, value in enumerate(found):
+        if isinstance(value, Tensor):
+            _non_finite(value, f"its tensor {i}", where)
 
 
 class BatchSanityCheck(Callback):
@@ -92,11 +107,21 @@ class BatchSanityCheck(Callback):
         self.seen_train = 0
         self.checked_val = False
         self.warnings: list[str] = []
+        self.said_kind = False  # the one line for batches that are not (inputs, targets) pairs
 
     def _check(self, trainer: Trainer, pl_module: LightningModule, batch: Any, where: str) -> None:
+        if not (isinstance(batch, list | tuple) and len(batch) == 2):
+            if not self.said_kind:
+                self.said_kind = True
+                say(f"BatchSanityCheck: batches are {type(batch).__name__}s, not (inputs, targets) pairs: only their "
+                    "float tensors are checked (for NaN/Inf)")  # fmt: skip
+            check_tensors(batch, where)
+            return
         channels = getattr(getattr(pl_module, "net", None), "in_channels", None)
-        num_classes, shape = _declared(trainer, pl_module, "num_classes"), _declared(trainer, pl_module, "input_shape")
-        found = check_batch(batch, where, num_classes, shape, channels if isinstance(channels, int) else None)
+        data = datamodule(trainer)
+        found = check_batch(
+            batch, where, classes(data), sample_shape(data), channels if isinstance(channels, int) else None
+        )
         for message in found:
             rank_zero_warn(message)
         self.warnings += found
@@ -113,10 +138,14 @@ class BatchSanityCheck(Callback):
             return
         if self.seen_train == 0:
             self._check(trainer, pl_module, batch, f"train batch {batch_idx} (epoch {trainer.current_epoch})")
+        num_classes = declared_classes(trainer)
+        if num_classes is None:  # a histogram of classes only where the data has classes
+            self.seen_train = self.histogram_batches
+            return
         self.counts.update(batch[1].tolist())
         self.seen_train += 1
         if self.seen_train == self.histogram_batches or self.seen_train == trainer.num_training_batches:
-            self._check_histogram(_declared(trainer, pl_module, "num_classes"))
+            self._check_histogram(num_classes)
             self.seen_train = self.histogram_batches
 
     def _check_histogram(self, num_classes: int | None) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from PIL import Image
 from rich.console import Console
@@ -18,6 +19,7 @@ from torch import Tensor
 from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
 from kiln.runs import figures
+from kiln.training.contracts import datamodule, declared_classes, declared_names, statistics
 
 
 def log_image(trainer: Trainer, key: str, png: bytes) -> None:
@@ -34,23 +36,36 @@ def log_image(trainer: Trainer, key: str, png: bytes) -> None:
 
 
 def denormalised(trainer: Trainer, x: Tensor) -> Tensor:
-    """A batch of samples as they were before the datamodule's normalisation: what a person can look at."""
-    data = trainer.datamodule  # type: ignore[attr-defined]
-    mean = stats_view(getattr(data, "mean", (0.0,)), x.shape[1:], "mean")
-    std = stats_view(getattr(data, "std", (1.0,)), x.shape[1:], "std")
-    return x * std + mean
+    """A batch of samples as they were before the datamodule's normalisation (where it declares one)."""
+    stats = statistics(datamodule(trainer))
+    if stats is None:
+        return x
+    return x * stats_view(stats[1], x.shape[1:], "std") + stats_view(stats[0], x.shape[1:], "mean")
 
 
 def class_names(trainer: Trainer, num_classes: int) -> list[str]:
-    names = getattr(trainer.datamodule, "class_names", None)  # type: ignore[attr-defined]
+    names = declared_names(trainer)
     return list(names) if names else [str(i) for i in range(num_classes)]
 
 
-class BatchGrid(Callback):
-    """Saves the first training batch, augmented and de-normalised, with labels: ``batch_grid.png``.
+def captions(trainer: Trainer, y: Any, n: int) -> list[str]:
+    """One caption per sample: its class name (class data), its value (one real target), or none."""
+    if not isinstance(y, Tensor) or len(y) != n or (y.ndim > 1 and y[0].numel() > 1):
+        return [""] * n
+    values = y.reshape(n)
+    count = declared_classes(trainer)
+    if count is not None and not torch.is_floating_point(values):
+        names = class_names(trainer, count)
+        return [names[i] if 0 <= i < len(names) else str(i) for i in values.tolist()]
+    return [f"{v:.4g}" for v in values.tolist()]
 
-    Images (B, C, H, W) are drawn as a grid, 1-D samples (B, C, L) or (B, L) as small line plots;
-    other inputs are skipped with one line.
+
+class BatchGrid(Callback):
+    """Saves the first training batch, augmented and de-normalised, with its targets: ``batch_grid.png``.
+
+    Images (B, C, H, W) are drawn as a grid, 1-D samples (B, C, L) or (B, L) as small line plots, each
+    captioned with its class name (class data) or its value (one real target); other inputs (token ids,
+    batches that are not ``(inputs, targets)`` pairs) are skipped with one line.
 
     Args:
         max_images: Number of images shown.
@@ -69,14 +84,15 @@ class BatchGrid(Callback):
         self.done = True
         if not trainer.is_global_zero:
             return
-        x, y = batch[0][: self.max_images].detach().float().cpu(), batch[1][: self.max_images].cpu()
-        if x.ndim not in (2, 3, 4):
-            shape = tuple(batch[0].shape)
-            say(f"BatchGrid: no picture for inputs of shape {shape} (images or 1-D samples only)")
+        inputs = batch[0] if isinstance(batch, list | tuple) and batch else batch
+        if not isinstance(inputs, Tensor) or not torch.is_floating_point(inputs) or inputs.ndim not in (2, 3, 4):
+            kind = f"inputs of shape {tuple(inputs.shape)}, {inputs.dtype}" if isinstance(inputs, Tensor) else (
+                f"{type(batch).__name__} batches")  # fmt: skip
+            say(f"BatchGrid: no picture for {kind} (float images or 1-D samples only)")
             return
-        names = class_names(trainer, int(y.max()) + 1)
-        labels = [names[i] if i < len(names) else str(i) for i in y.tolist()]
-        x = denormalised(trainer, x)
+        x = denormalised(trainer, inputs[: self.max_images].detach().float().cpu())
+        target = batch[1][: self.max_images].cpu() if isinstance(batch, list | tuple) and len(batch) > 1 else None
+        labels = captions(trainer, target, len(x))
         if x.ndim == 4:
             figure = figures.image_grid(x, labels, cell=self.cell / figures.DPI)
         else:
@@ -88,22 +104,48 @@ class BatchGrid(Callback):
 
 
 class ConfusionMatrixReport(Callback):
-    """At test end: ``confusion_matrix-<checkpoint>.png`` in the run folder and the logger, per-class accuracy printed.
+    """At test end: ``confusion_matrix-<checkpoint>.png`` in the run folder and the logger, per-class accuracy logged.
 
-    Reads the module's ``test_confusion`` metric (a torchmetrics ``MulticlassConfusionMatrix``,
-    synchronised across DDP ranks); modules without one are left alone.
+    For data that declares ``num_classes``: counts what the module's ``test_step`` returns (logits or
+    probabilities, ``(batch, num_classes)``) against the batch's labels, over every DDP rank. Other modules
+    (a regression, a language model) are left alone; a classifier whose ``test_step`` returns nothing
+    of that shape gets one line.
     """
 
     def __init__(self) -> None:
         self.path: Path | None = None
         self.matrix: Tensor | None = None
+        self._counts: Any = None  # this test's torchmetrics confusion matrix, for class data
+        self._unusable: str | None = None  # why the test's outputs cannot be counted, once
+
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        classes = declared_classes(trainer)
+        self._counts, self._unusable = None, None
+        if classes is not None:
+            from torchmetrics.classification import MulticlassConfusionMatrix
+
+            self._counts = MulticlassConfusionMatrix(classes).to(pl_module.device)
+
+    def on_test_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:  # fmt: skip
+        if self._counts is None or self._unusable:
+            return
+        labels = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+        if not (isinstance(outputs, Tensor) and isinstance(labels, Tensor) and outputs.shape == (
+                len(labels), self._counts.num_classes)):  # fmt: skip
+            shape = tuple(outputs.shape) if isinstance(outputs, Tensor) else type(outputs).__name__
+            self._unusable = f"test_step returns {shape}, not (batch, {self._counts.num_classes}) class scores"
+            return
+        self._counts.update(outputs.detach(), labels)
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        metric = getattr(pl_module, "test_confusion", None)
-        if metric is None or not metric.update_called:
+        if self._unusable:
+            say(f"ConfusionMatrixReport: no confusion matrix, as {self._unusable}")
+        if self._counts is None or self._unusable or not self._counts.update_called:
             return
-        self.matrix = metric.compute().cpu()
-        metric.reset()
+        self.matrix = self._counts.compute().cpu()  # summed over DDP ranks
         if not trainer.is_global_zero:
             return
         names = class_names(trainer, len(self.matrix))

@@ -1,9 +1,10 @@
-"""Write ``predict`` outputs to a CSV file in the run folder."""
+"""Write ``predict`` outputs to a CSV file in the run folder, for any task."""
 
 from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -11,10 +12,65 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 
+from kiln.errors import UsageError
+from kiln.training.contracts import WritesPredictions, declared_classes, declared_names
+
+MOST_COLUMNS = 64  # values per sample written as columns of their own; more need the module's prediction_columns
+
+
+def _values(name: str, values: Any, n: int) -> dict[str, list[Any]]:
+    """Columns for ``n`` samples' values: one column for one value each, ``name_i`` for a few each."""
+    if not isinstance(values, Tensor) or len(values) != n:
+        return {}
+    flat = values.detach().float().cpu().reshape(n, -1) if values.is_floating_point() else values.cpu().reshape(n, -1)
+    if flat.shape[1] > MOST_COLUMNS:
+        shape = tuple(values.shape[1:])
+        raise UsageError(
+            f"PredictionWriter: {name}s of {flat.shape[1]} values per sample (shape {shape}) make no CSV columns: "
+            "give the LightningModule prediction_columns(prediction, batch) returning the columns to write "
+            "(kiln.training.contracts)"
+        )
+    rows = flat.tolist()
+    if flat.shape[1] == 1:
+        return {name: [_cell(row[0]) for row in rows]}
+    return {f"{name}_{i}": [_cell(row[i]) for row in rows] for i in range(flat.shape[1])}
+
+
+def _cell(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def class_columns(probs: Tensor, labels: Any, names: list[str] | None) -> dict[str, list[Any]]:
+    """A classifier's row: its label (when the batch has one), predicted class index and name, probabilities."""
+    probs = probs.detach().float().cpu()
+    n, predicted = len(probs), probs.argmax(dim=1).tolist()
+    columns: dict[str, list[Any]] = {"label": labels.tolist() if isinstance(labels, Tensor) else [""] * n}
+    columns["predicted"] = predicted
+    if names:
+        columns["class"] = [names[i] for i in predicted]
+    keys = [f"p_{name}" for name in names] if names else [f"p{c}" for c in range(probs.shape[1])]
+    for key, values in zip(keys, probs.T.tolist(), strict=True):
+        columns[key] = [f"{p:.6f}" for p in values]
+    return columns
+
+
+def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch: Any) -> Mapping[str, Sequence[Any]]:
+    """What a batch's predictions write: the module's own columns, a classifier's, or values for anything else."""
+    if isinstance(module, WritesPredictions):
+        return module.prediction_columns(prediction, batch)
+    target = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+    classes = declared_classes(trainer)
+    if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
+        return class_columns(prediction, target, declared_names(trainer))
+    n = len(prediction) if isinstance(prediction, Tensor) and prediction.ndim else 0
+    return {**_values("target", target, n), **_values("prediction", prediction, n)}
+
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per sample: dataset index, file path (for data read from files), label (when the batch
-    has one), predicted class index and name (when the data names its classes), probabilities.
+    """One row per sample: dataset index, file path (for data read from files), then the module's own columns
+    (``prediction_columns``, kiln.training.contracts), or for a classifier (data that declares classes, a
+    prediction per class) label, predicted class index and name, probabilities, or for anything else the
+    target and the prediction, a column per value (``prediction``, or ``prediction_0``, ``prediction_1``, …).
 
     Rows are written batch by batch, so memory stays flat and DDP ranks each write their own file
     (``predictions.csv`` on rank 0, ``predictions-rank<N>.csv`` on the others).
@@ -34,7 +90,6 @@ class PredictionWriter(BasePredictionWriter):
         self._writer: Any = None
         self._rows = 0  # rows written: the dataset index where Lightning knows none
         self._paths: list[Any] | None = None  # the predicted dataset's files, if it reads files
-        self._names: list[str] | None = None  # class names, if the data declares them
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         folder = Path(self.output_dir or trainer.default_root_dir)
@@ -48,8 +103,6 @@ class PredictionWriter(BasePredictionWriter):
         self._rows = 0
         loaders = trainer.predict_dataloaders
         self._paths = getattr(getattr(loaders, "dataset", None), "paths", None)
-        names = getattr(trainer.datamodule, "class_names", None)  # type: ignore[attr-defined]
-        self._names = list(names) if names else None
 
     def write_on_batch_end(
         self,
@@ -61,23 +114,18 @@ class PredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        probs: Tensor = prediction.float().cpu()
-        paths, names = self._paths, self._names
+        columns = columns_of(pl_module, trainer, prediction, batch)
+        n = len(next(iter(columns.values()))) if columns else 0
         if self._file is not None and self._file.tell() == 0:
-            columns = [f"p_{name}" for name in names] if names else [f"p{c}" for c in range(probs.shape[1])]
-            path = ["path"] if paths is not None else []
-            self._writer.writerow(["index", *path, "label", "predicted", *(["class"] if names else []), *columns])
-        n = len(probs)
-        labels = batch[1].tolist() if isinstance(batch, (tuple, list)) and len(batch) > 1 else [""] * n
+            path = ["path"] if self._paths is not None else []
+            self._writer.writerow(["index", *path, *columns])
         # Lightning gives indices for DataLoaders only; prediction order is never shuffled, so the
         # running count is the dataset index for other iterables (the on-device path)
         indices = list(batch_indices) if batch_indices else list(range(self._rows, self._rows + n))
         self._rows += n
-        predicted = probs.argmax(dim=1).tolist()
-        for index, label, pred, row in zip(indices, labels, predicted, probs.tolist(), strict=True):
-            path = [str(paths[index])] if paths is not None else []
-            name = [names[pred]] if names else []
-            self._writer.writerow([index, *path, label, pred, *name, *(f"{p:.6f}" for p in row)])
+        for i, index in enumerate(indices):
+            path = [str(self._paths[index])] if self._paths is not None else []
+            self._writer.writerow([index, *path, *(values[i] for values in columns.values())])
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._file is not None:

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from kiln.callbacks import metric_states
 from kiln.callbacks.last import LastCheckpoint, save_last
 from kiln.console import say
 from kiln.errors import Preempted
@@ -62,19 +64,23 @@ def relocated(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
 
 
 class ExactResume(Callback):
-    """Saves RNG states and the position in the epoch's data order; restores both on resume.
+    """Saves RNG states, the position in the epoch's data order and the module's metric states; restores them.
 
     Lightning restores weights, optimizer, scheduler and loop counters, but restarts the data
     iterator at the start of the epoch (replaying batches) and does not restore RNG states.
     With :class:`~kiln.data.sampling.ResumableSampler` the order is a function of (seed, epoch),
     so skipping the batches already trained on, and restoring the RNG right before the next
-    batch, continues the run bitwise on CPU (with the ``deterministic`` preset on GPU).
+    batch, continues the run bitwise on CPU (with the ``deterministic`` preset on GPU). The
+    module's torchmetrics (an epoch's training accuracy so far) are not in Lightning's checkpoints
+    either: their states go in too, but those of a validation a resume runs again.
     """
 
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
         self._trainer: Trainer | None = None
         self._position = (0, 0)  # (epoch, samples of it this rank trained on) a checkpoint saved now resumes at
+        self._before_validation: dict[str, int] = {}  # metric update counts as this validation began
+        self._metrics_epoch: int | None = None  # the epoch of the metric states a resume put back
 
     def state_dict(self) -> dict[str, Any]:
         # samples, not batches: a resume with another batch size neither replays nor skips data
@@ -91,9 +97,27 @@ class ExactResume(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
 
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._before_validation = metric_states.update_counts(pl_module)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._before_validation = {}
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._metrics_epoch is not None and self._metrics_epoch != trainer.current_epoch:
+            metric_states.reset(pl_module, list(metric_states.metrics_of(pl_module)))  # saved once the epoch ended
+        self._metrics_epoch = None
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        metric_states.save(trainer, pl_module, checkpoint, self._before_validation)
+
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        """A run folder moved or copied: its checkpoint callbacks' state names files under the old folder, and
-        Lightning forgets the best checkpoint when the folder changed; point them at the files here instead."""
+        """The metric states back (fit only). And a run folder moved or copied: its checkpoint callbacks' state names
+        files under the old folder, and Lightning forgets the best checkpoint when the folder changed; point them at
+        the files here instead."""
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._metrics_epoch = metric_states.restore(trainer, pl_module, checkpoint)
         for callback in trainer.checkpoint_callbacks:
             state = checkpoint.get("callbacks", {}).get(callback.state_key)
             here = getattr(callback, "dirpath", None)

@@ -18,13 +18,23 @@ def import_class(dotted: str) -> Any:
 
 def parameters(cls: Any) -> list[str]:
     """The arguments a class accepts, through ``**kwargs`` to its bases as jsonargparse reads them."""
-    names: list[str] = []
+    return list(defaults(cls))
+
+
+REQUIRED = inspect.Parameter.empty  # an argument without a default
+
+
+def defaults(cls: Any) -> dict[str, Any]:
+    """Each argument a class accepts (as :func:`parameters` reads them) with its default, or ``REQUIRED``."""
+    found: dict[str, Any] = {}
     for klass in getattr(cls, "__mro__", [cls]):
         try:
             parameters = inspect.signature(klass.__init__).parameters.values()
         except (TypeError, ValueError):
             break
-        names += [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"]
+        for p in parameters:
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self":
+                found.setdefault(p.name, p.default)
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             break
-    return names
+    return found

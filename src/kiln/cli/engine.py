@@ -26,10 +26,16 @@ from kiln.cli.class_switch import carried_over
 from kiln.cli.classes import import_class
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
 from kiln.cli.devices import fall_back_from_bf16, missing_gpu
-from kiln.cli.from_checkpoint import refuse_unloadable, saved_config, weight_shapes
+from kiln.cli.from_checkpoint import (
+    BUILT_FROM,
+    BUILT_FROM_KEY,
+    read_checkpoint,
+    refuse_unloadable,
+    saved_config,
+    weight_shapes,
+)
 from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
-from kiln.cli.moved import read_checkpoint
 from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
 from kiln.console import quiet_lightning
@@ -112,12 +118,14 @@ class WandbConfigSaver(SaveConfigCallback):
     ) -> None:
         super().__init__(parser, redact(config), **kwargs)
         self.run_paths, self.command = run_paths, command
+        self.built_from: dict[str, Any] = {}  # the model's and the data's config: in every checkpoint
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
 
         path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
         path.parent.mkdir(parents=True, exist_ok=True)
         dumped = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
+        self.built_from = {key: dumped[key] for key in BUILT_FROM if isinstance(dumped.get(key), dict)}
         if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
             dumped = self.run_paths.portable(dumped)
         with written_whole(path) as partial:
@@ -128,6 +136,12 @@ class WandbConfigSaver(SaveConfigCallback):
                 dumped = self.parser.dump(self.config, skip_unset=False, format="json", skip_validation=True)
                 config = json.loads(dumped)
                 logger.experiment.config.update({"cli": config, "env": environment}, allow_val_change=True)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """What the model and the data were built from, whatever the module saves of itself: ``from_checkpoint``
+        rebuilds them from it (a module that ignores its injected ``net`` in ``save_hyperparameters`` too)."""
+        if self.built_from:
+            checkpoint[BUILT_FROM_KEY] = self.built_from
 
 
 class KilnCLI(LightningCLI):

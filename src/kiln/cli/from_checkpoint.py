@@ -1,8 +1,11 @@
-"""A checkpoint is enough: ``validate``/``test``/``predict`` rebuild the model and the data it was trained with.
+"""A checkpoint is enough: ``validate``/``test``/``predict`` and ``kiln export`` rebuild the model and the data it was
+trained with, one way.
 
-The checkpoint holds both as hyper-parameters (the CLI's own config of each, with its class path).
-They go in as the first config after the defaults, so a ``-c`` file or flag the user gives still
-wins; an override the weights cannot load into stops in one line naming the setting and both values.
+The CLI writes what it built both from into every checkpoint (``config``: each one's class path and
+arguments), whatever the module saves of itself; older checkpoints hold them as hyper-parameters.
+For the CLI's commands they go in as the first config after the defaults, so a ``-c`` file or flag
+the user gives still wins; an override the weights cannot load into stops in one line naming the
+setting and both values. :func:`rebuild` makes both without a Trainer (export, a notebook).
 """
 
 from __future__ import annotations
@@ -14,10 +17,31 @@ from typing import Any
 import yaml
 from torch import nn
 
-from kiln.cli.links import TARGETS, drop_link_targets
+from kiln.cli.links import TARGETS, DataLinks, drop_link_targets
+from kiln.cli.moved import rehome_checkpoint
 from kiln.cli.resume_check import flat, init_only, saved_model
 from kiln.errors import UsageError
 from kiln.process.secrets import REDACTED
+from kiln.training.checkpointing import load_checkpoint_file
+
+BUILT_FROM = ("model", "data")
+BUILT_FROM_KEY = "config"  # in a checkpoint: {"model": {class_path, init_args}, "data": {…}}
+HPARAMS = {"model": "hyper_parameters", "data": "datamodule_hyper_parameters"}
+
+
+def completed(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint with each hyper-parameter dict holding everything its config says (a module that saves
+    none of itself, or ignores its injected ``net``, included); what the module saved wins where both have it."""
+    built = checkpoint.get(BUILT_FROM_KEY)
+    if not isinstance(built, dict):
+        return checkpoint
+    for section, key in HPARAMS.items():
+        config = built.get(section)
+        if isinstance(config, dict) and config.get("class_path"):
+            own = dict(checkpoint.get(key) or {})
+            from_config = {"_class_path": config["class_path"], **(config.get("init_args") or {})}
+            checkpoint[key] = {**from_config, **{k: v for k, v in own.items() if k != "_instantiator"}}
+    return checkpoint
 
 
 def _section(hparams: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -92,3 +116,43 @@ def refuse_unloadable(hparams: dict[str, Any], shapes: dict[str, tuple[int, ...]
             f"its weights do not fit ({weights}): drop the override, or train a new model"
         )
     raise UsageError(f"the checkpoint {ckpt} does not fit the model this command builds ({weights})")
+
+
+def read_checkpoint(path: str | Path, mmap: bool = True) -> dict[str, Any]:
+    """A checkpoint file read safely (one line for a bad one): what it was built from, its classes at their paths
+    of today."""
+    return rehome_checkpoint(completed(load_checkpoint_file(path, mmap=mmap)), str(path))
+
+
+def rebuild(ckpt_path: str | Path) -> tuple[Any, Any]:
+    """The model (the checkpoint's weights, in eval mode, on the CPU) and the datamodule (set up for ``test``) the
+    checkpoint was trained with: built from its config as ``kiln fit`` built them, the data's declarations
+    linked in, without a Trainer or a run folder. A checkpoint no kiln command wrote: one line."""
+    import warnings
+
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    checkpoint = read_checkpoint(ckpt_path)
+    saved = saved_config(checkpoint, "")
+    if saved is None or set(yaml.safe_load(saved)) < {"model", "data"}:
+        raise UsageError(f"{ckpt_path}: not written by `kiln fit` (no model or data config in it)")
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(LightningModule, "model", required=True)
+    parser.add_subclass_arguments(LightningDataModule, "data", required=True)
+    links = DataLinks()
+    links.add_to(parser)
+    try:
+        config = parser.parse_string(saved)
+    except Exception as err:  # a class that no longer imports, or takes other arguments now
+        raise UsageError(f"{ckpt_path}: its model or data no longer builds here ({str(err).splitlines()[0]})") from None
+    links.note(config, [])
+    with warnings.catch_warnings():  # jsonargparse's own deprecation of the call LightningCLI also makes
+        warnings.filterwarnings("ignore", message=r"\s*``instantiate_classes`` was deprecated")
+        warnings.filterwarnings("ignore", message=r"\s*By default only one JsonargparseDeprecationWarning")
+        built = parser.instantiate_classes(config)
+    model, data = built.model, built.data
+    refuse_unloadable(checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), model, str(ckpt_path))
+    model.load_state_dict(checkpoint["state_dict"])
+    data.setup("test")
+    return model.eval(), data

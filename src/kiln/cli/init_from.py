@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from kiln.cli.classes import import_class
-from kiln.cli.moved import read_checkpoint
+from kiln.cli.from_checkpoint import read_checkpoint
 from kiln.errors import UsageError
 
 

@@ -18,16 +18,15 @@ from typing import Any
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
-from kiln.cli.classes import import_class, parameters
+from kiln.cli.classes import REQUIRED, defaults, import_class, parameters
 from kiln.cli.config_errors import Source, skeleton, where_written
 from kiln.errors import ConfigError, KilnError, UsageError
 
-# (what the datamodule declares, the model or network argument it sets)
-LINKS: tuple[tuple[str, str], ...] = (
-    ("num_classes", "model.init_args.num_classes"),
-    ("num_classes", "model.init_args.net.init_args.num_classes"),
-    ("in_channels", "model.init_args.net.init_args.in_channels"),
-    ("input_shape", "model.init_args.net.init_args.input_shape"),
+# what a datamodule may declare (kiln.training.contracts); each goes to the model's and the network's argument of
+# the same name, where the chosen class takes one (num_outputs: a logit per class, or a value per target)
+DECLARED = ("num_classes", "num_outputs", "in_channels", "input_shape", "vocab_size", "block_size")
+LINKS: tuple[tuple[str, str], ...] = tuple(
+    (name, f"model.init_args.{owner}{name}") for name in DECLARED for owner in ("", "net.init_args.")
 )
 TARGETS = frozenset(target for _, target in LINKS)
 
@@ -35,6 +34,12 @@ TARGETS = frozenset(target for _, target in LINKS)
 def _is_key(key: str) -> Callable[[str, Any], bool]:
     """Matches a written setting that is ``key``, however it was spelt (with or without ``init_args``)."""
     return lambda path, _: skeleton(path) == skeleton(key)
+
+
+def owner_name(config: Namespace | None, target: str) -> str:
+    """The class a link target belongs to, by name (``MLP``), for a line about it."""
+    owner = target.rsplit(".init_args.", 1)[0]
+    return str((config.get(f"{owner}.class_path") if config is not None else None) or owner).rsplit(".", 1)[-1]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -47,7 +52,7 @@ class DataLinks:
 
     def __init__(self) -> None:
         self.written: dict[str, tuple[str, Any]] = {}  # target -> (where the user wrote it, the value)
-        self.accepted: set[str] = set()  # targets that the chosen model and network classes take
+        self.accepted: dict[str, Any] = {}  # targets the chosen model and network classes take: their defaults
         self.config: Namespace | None = None  # the subcommand's config: it records the statistics set from the net
         self.stats_written: str | None = None  # where the user wrote data.mean or data.std, if they did
         self.stats_pending = False  # the net declares statistics, to apply once the data exists
@@ -69,9 +74,10 @@ class DataLinks:
         for _, target in LINKS:
             owner, name = target.rsplit(".init_args.", 1)
             class_path = config.get(f"{owner}.class_path")
-            if not class_path or name not in parameters(import_class(class_path)):  # as jsonargparse reads them
+            taken = defaults(import_class(class_path)) if class_path else {}  # as jsonargparse reads them
+            if name not in taken:
                 continue
-            self.accepted.add(target)
+            self.accepted[target] = taken[name]
             if skeleton(target) in by_user and config.get(target) is not None:
                 where = where_written(settings, _is_key(target), target)
                 self.written[target] = (where, config.get(target))
@@ -94,7 +100,12 @@ class DataLinks:
                         f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
                         "1-D samples (an MLP)"
                     )
-                raise ConfigError(f"{target}: {name} declares no {attr}; declare it in the datamodule")
+                if self.accepted[target] is not REQUIRED:
+                    return self.accepted[target]  # the class's own default: linked only where both sides have it
+                raise ConfigError(
+                    f"{target}: the {owner_name(self.config, target)} needs {attr}, and {name} declares none: declare "
+                    f"it in the datamodule ({attr} = …), or give --{target}"
+                )
             if given is not None and not _same(given, declared):
                 raise UsageError(
                     f"{where}: {given!r} contradicts the data: {name} has {attr} {declared!r}. "

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import sys
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kiln.cli.classes import import_class
 from kiln.errors import KilnError
-from kiln.training.checkpointing import load_checkpoint_file
 
 ENGINE = {"kiln.models.WarmupCosineLR": "kiln.training.schedules.WarmupCosineLR"}
 # kiln's modules that moved into folders by job (a config names their classes: loggers, checkpoint I/O, callbacks)
@@ -92,8 +90,3 @@ def rehome_checkpoint(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
             _said.add((name, old))
             print(f"{name} names {old}, which moved: read as {new}", file=sys.stderr)
     return checkpoint
-
-
-def read_checkpoint(path: str | Path, mmap: bool = True) -> dict[str, Any]:
-    """A checkpoint file read safely (one line for a bad one), its classes at their paths of today."""
-    return rehome_checkpoint(load_checkpoint_file(path, mmap=mmap), str(path))

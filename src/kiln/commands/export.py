@@ -1,9 +1,11 @@
 """``kiln export --ckpt_path FILE --format onnx,pt2``: the trained network for serving, checked against itself.
 
 Writes ``model.onnx`` (dynamic batch; ``kiln infer`` runs it without torch), ``model.pt2``
-(``torch.export``), ``preprocess.json`` (what an input needs before the network) and ``parity.json``:
-max absolute difference and top-1 agreement against the eager model on the test split, per batch
-size. Above the tolerance nothing is kept. Everything is written to a temporary folder first.
+(``torch.export``): the module's own forward, nothing added (a classifier's logits stay logits);
+``preprocess.json`` (what an input needs before the network, as the data does it) and ``parity.json``:
+max absolute difference of every output against the eager model on the test split, per batch size,
+and for a classifier top-1 agreement. Above the tolerance nothing is kept. Everything is written to
+a temporary folder first.
 """
 
 from __future__ import annotations
@@ -22,83 +24,69 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from kiln.cli.classes import import_class
-from kiln.cli.from_checkpoint import net_without_init_only
+from kiln.cli.from_checkpoint import rebuild
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep.inprocess import parse_command
 from kiln.errors import KilnError, UsageError
 from kiln.process import stop_signals
-from kiln.training.checkpointing import load_checkpoint_file
+from kiln.training.contracts import classes, sample_shape, statistics
 from kiln.wandb import checkpoints as wandb_checkpoints
 
 FORMATS = ("onnx", "pt2")
 
 
-class Probabilities(nn.Module):
-    """The model as served: class probabilities, as ``predict`` writes them."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(x).softmax(dim=-1)
+def agreement(result: dict[str, float], tolerance: float) -> str:
+    """A parity result in words: max |difference|, and top-1 agreement for a classifier."""
+    text = f"max |difference| {result['max_abs_diff']:.2e} (tolerance {tolerance:g})"
+    return text + (f", top-1 agreement {result['top1_agreement']:.2%}" if "top1_agreement" in result else "")
 
 
-def load_trained(ckpt_path: str) -> tuple[Any, Any]:
-    """The model and the datamodule as the checkpoint's run built them (their classes imported first:
-    Lightning refuses to import a class a checkpoint names)."""
-    from lightning import LightningDataModule, LightningModule
-
-    checkpoint = load_checkpoint_file(ckpt_path, mmap=True)
-    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
-        dotted = (checkpoint.get(key) or {}).get("_class_path")
-        if not dotted:
-            raise UsageError(f"{ckpt_path}: not written by `kiln fit` of this version (no model or data config in it)")
-        if import_class(dotted) is None:
-            raise UsageError(f"{ckpt_path}: its class {dotted} cannot be imported here")
-    with warnings.catch_warnings():  # Lightning rebuilds them through jsonargparse's deprecated instantiate_classes
-        warnings.filterwarnings("ignore", message=r"\s*``instantiate_classes`` was deprecated")
-        warnings.filterwarnings("ignore", message=r"\s*By default only one JsonargparseDeprecationWarning")
-        net = net_without_init_only((checkpoint.get("hyper_parameters") or {}).get("net"))
-        model = LightningModule.load_from_checkpoint(ckpt_path, map_location="cpu", **({"net": net} if net else {}))
-        model.eval()
-        data = LightningDataModule.load_from_checkpoint(ckpt_path)
-    data.setup("test")
-    return model, data
+def classifier_of(model: nn.Module, data: Any, outputs: Tensor) -> int | None:
+    """The number of classes where the model is a classifier: the data declares classes, one logit each."""
+    count = classes(data)
+    return count if count is not None and outputs.ndim == 2 and outputs.shape[1] == count else None
 
 
-def preprocess(data: Any) -> dict[str, Any]:
-    """What a sample needs before the network, as the data module did it: for images (C, H, W) a file is
-    decoded, resized and its pixels scaled to [0, 1]; other samples are scaled as the data stored them
-    (uint8 to [0, 1], floats as they are); then both are normalised."""
-    shape = list(data.input_shape)
+def preprocess(data: Any, example: Tensor, classifier: bool) -> dict[str, Any]:
+    """What a sample needs before the network, as the data module did it, and nothing it did not: for images
+    (C, H, W) a file is decoded, resized and its pixels scaled to [0, 1]; other float samples are scaled as
+    the data stored them (uint8 to [0, 1], floats as they are); both are then normalised with the data's
+    statistics where it declares them. Integer samples (token ids) go in as they are."""
+    shape = list(sample_shape(data) or example.shape[1:])
+    stats = statistics(data)
+    names = (list(data.class_names) if getattr(data, "class_names", None) else None) if classifier else None
+    common = {"input_shape": shape, "input": "input", "output": "logits" if classifier else "output",
+              "class_names": names}  # fmt: skip
+    if not torch.is_floating_point(example):
+        recipe = f"x = the sample's integer ids ({str(example.dtype).removeprefix('torch.')}), as the data gives them"
+        return {"source": "array", "dtype": str(example.dtype).removeprefix("torch."), "scale": None, "mean": None,
+                "std": None, "stats_axis": None, "resize": None, "recipe": recipe, **common}  # fmt: skip
     image = len(shape) == 3
-    stored = data.test_set.raw(0)[0].dtype if data.test_set is not None and len(data.test_set) else torch.float32
+    test_set: Any = getattr(data, "test_set", None)
+    stored = test_set.raw(0)[0].dtype if hasattr(test_set, "raw") and len(test_set) else torch.float32
     scale = 1 / 255 if image or stored == torch.uint8 else 1.0
-    axis = 0 if len(data.mean) > 1 or len(data.std) > 1 else None
+    mean, std = stats if stats is not None else (None, None)
+    axis = 0 if stats is not None and (len(stats[0]) > 1 or len(stats[1]) > 1) else None
     per = "channel" if len(shape) > 1 else "feature"
     along = f"along axis 0 of a sample (one per {per})" if axis == 0 else "(one value for every element)"
     source = "an image file, decoded to uint8 pixels and resized to H x W (bilinear)" if image else (
         f"an array of shape {shape} ({str(stored).removeprefix('torch.')}, as the training data held it)")  # fmt: skip
+    normalise = f" - mean) / std, with mean and std {along}" if stats is not None else ") (not normalised)"
     return {
         "source": "image" if image else "array",
-        "input_shape": shape,  # one sample; the network takes a batch of them, batch first
         "dtype": "float32",
         "scale": scale,
-        "mean": list(data.mean),
-        "std": list(data.std),
+        "mean": mean,
+        "std": std,
         "stats_axis": axis,
         "resize": "bilinear" if image else None,
-        "recipe": f"x = (sample * scale - mean) / std, with mean and std {along}; sample: {source}",
-        "class_names": list(data.class_names) if data.class_names else None,
-        "input": "input",
-        "output": "probabilities",
+        "recipe": f"x = (sample * scale{normalise}; sample: {source}",
+        **common,
     }
 
 
 def test_inputs(data: Any, limit: int) -> Tensor:
-    """Up to ``limit`` normalised test inputs, in order."""
+    """Up to ``limit`` test inputs, in order, as the model takes them (normalised floats, or integer ids)."""
     batches, n = [], 0
     for batch in data.test_dataloader():
         x = batch[0] if isinstance(batch, list | tuple) else batch
@@ -106,21 +94,41 @@ def test_inputs(data: Any, limit: int) -> Tensor:
         n += len(x)
         if n >= limit:
             break
-    return torch.cat(batches)[:limit].float()
+    inputs = torch.cat(batches)[:limit]
+    return inputs.float() if torch.is_floating_point(inputs) else inputs
 
 
-def parity(run: Any, eager: nn.Module, inputs: Tensor, batch_sizes: list[int]) -> dict[str, dict[str, float]]:
-    """Max |difference| and top-1 agreement of ``run`` (an exported model) against ``eager``, per batch size."""
-    found = {}
+def _run(run: Any, chunk: Tensor, traced: int) -> Any:
+    """The exported model on one batch; one that takes only the traced batch size stops in one line."""
+    try:
+        return run(chunk)
+    except Exception as err:
+        if len(chunk) == traced:
+            raise
+        raise KilnError(
+            f"the exported model takes batches of {traced} only (it failed on {len(chunk)}: "
+            f"{str(err).splitlines()[0][:120]}): the forward fixes the batch dimension, as reshape(len(x), …) or "
+            "x.shape[0] in a view does; write -1 (or flatten) there, then export again; nothing was written"
+        ) from None
+
+
+def parity(run: Any, eager: nn.Module, inputs: Tensor, example: Tensor, batch_sizes: list[int],
+           classifier: bool) -> dict[str, Any]:  # fmt: skip
+    """Max |difference| of every output of ``run`` (an exported model) against ``eager``, per batch size; for a
+    classifier also the share of samples whose top class agrees."""
+    found: dict[str, Any] = {}
     with torch.inference_mode():
         for size in batch_sizes:
             worst, agree = 0.0, 0
             for chunk in inputs.split(size):
                 stop_signals.stop_here("kiln export stopped; nothing was written")
-                want, got = eager(chunk), torch.as_tensor(run(chunk))
+                want, got = eager(chunk), torch.as_tensor(_run(run, chunk, len(example)))
                 worst = max(worst, (want - got).abs().max().item())
-                agree += int((want.argmax(-1) == got.argmax(-1)).sum())
-            found[str(size)] = {"max_abs_diff": worst, "top1_agreement": agree / len(inputs)}
+                agree += int((want.argmax(-1) == got.argmax(-1)).sum()) if classifier else 0
+            found[str(size)] = {
+                "max_abs_diff": worst,
+                **({"top1_agreement": agree / len(inputs)} if classifier else {}),
+            }
     return found
 
 
@@ -137,35 +145,42 @@ def _quiet_export_logs() -> Iterator[None]:
 
 
 def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: list[str], inputs: Tensor,
-                   batch_sizes: list[int], report: dict[str, Any]) -> None:  # fmt: skip
-    """Export each format into ``staging`` and add its parity against ``served`` to ``report``."""
+                   batch_sizes: list[int], report: dict[str, Any], classifier: bool) -> None:  # fmt: skip
+    """Export each format into ``staging`` (the module's own forward: nothing added) and add its parity against
+    ``served`` to ``report``."""
     batch = torch.export.Dim("batch", min=1)
     stop_signals.stop_here("kiln export stopped; nothing was written")
     if "onnx" in formats:
         import onnxruntime
 
         torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
-                          external_data=False, input_names=["input"], output_names=["probabilities"],
+                          external_data=False, input_names=["input"], output_names=["output"],
                           dynamic_shapes={"x": {0: batch}})  # fmt: skip
         session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
-        report["onnx"] = parity(lambda x: session.run(None, {"input": x.numpy()})[0], served, inputs, batch_sizes)
+        run = lambda x: session.run(None, {"input": x.numpy()})[0]  # noqa: E731
+        report["onnx"] = parity(run, served, inputs, example, batch_sizes, classifier)
     if "pt2" in formats:
         stop_signals.stop_here("kiln export stopped; nothing was written")
         program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
         torch.export.save(program, staging / "model.pt2")
         reloaded = torch.export.load(staging / "model.pt2").module()
-        report["pt2"] = parity(reloaded, served, inputs, batch_sizes)
+        report["pt2"] = parity(reloaded, served, inputs, example, batch_sizes, classifier)
 
 
 def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
            samples: int, version: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing.
     ``version``: the ``wandb:`` reference ``ckpt_path`` was resolved from, recorded beside it."""
-    model, data = load_trained(ckpt_path)
+    served, data = rebuild(ckpt_path)
     stop_signals.stop_here("kiln export stopped; nothing was written")
-    served = Probabilities(model).eval()
     inputs = test_inputs(data, samples)
     example = inputs[: max(2, min(7, len(inputs)))]
+    with torch.inference_mode():
+        outputs = served(example)
+    if not isinstance(outputs, Tensor):
+        raise UsageError(f"kiln export: {type(served).__name__}.forward returns a {type(outputs).__name__}; "
+                         "an export takes a forward that returns one tensor")  # fmt: skip
+    classifier = classifier_of(served, data, outputs) is not None
     output.parent.mkdir(parents=True, exist_ok=True)
     weights = sum(t.numel() * t.element_size() for t in served.state_dict().values())
     needed, free = len(formats) * weights + 16 * 2**20, shutil.disk_usage(output.parent).free  # + graphs, reports
@@ -175,27 +190,27 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
             f"{needed / 2**20:.0f} MiB: free some, or give another --output"
         )
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance}
+    report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance,
+                              "output": "logits" if classifier else "output"}  # fmt: skip
     if version is not None:
         report["checkpoint_version"] = version
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught, _quiet_export_logs():  # torch's exporters warn
             warnings.simplefilter("always")  # about their own internals: dozens of lines for a GRU
-            _write_formats(served, example, staging, formats, inputs, batch_sizes, report)
+            _write_formats(served, example, staging, formats, inputs, batch_sizes, report, classifier)
         if caught:
             first = sorted({str(w.message).splitlines()[0][:100] for w in caught})[0]
             print(f"torch's exporters warned {len(caught)} times (the first: {first}); the parity check "
                   "says whether the files are right", file=sys.stderr)  # fmt: skip
-        (staging / "preprocess.json").write_text(json.dumps(preprocess(data), indent=2))
+        (staging / "preprocess.json").write_text(json.dumps(preprocess(data, example, classifier), indent=2))
         (staging / "parity.json").write_text(json.dumps(report, indent=2))
         bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
-               if r["max_abs_diff"] > tolerance or r["top1_agreement"] < 1.0]  # fmt: skip
+               if r["max_abs_diff"] > tolerance or r.get("top1_agreement", 1.0) < 1.0]  # fmt: skip
         if bad:
             fmt, size, r = bad[0]
             raise KilnError(
-                f"{fmt} export differs from the eager model at batch size {size}: max |difference| "
-                f"{r['max_abs_diff']:.2e} (tolerance {tolerance:g}), top-1 agreement {r['top1_agreement']:.2%}; "
+                f"{fmt} export differs from the eager model at batch size {size}: {agreement(r, tolerance)}; "
                 "nothing was written"
             )
         staging.rename(output)
@@ -238,11 +253,15 @@ def export_command(args: list[str]) -> None:
     report = export(ckpt_path, output, formats, sizes, options.tolerance, options.samples, version)
     for fmt in formats:
         for size, r in report[fmt].items():
-            print(f"{fmt} batch {size}: max |difference| {r['max_abs_diff']:.2e}, top-1 agreement "
-                  f"{r['top1_agreement']:.2%} on {report['samples']} test samples", file=sys.stderr)  # fmt: skip
+            print(f"{fmt} batch {size}: {agreement(r, options.tolerance)} on {report['samples']} test samples",
+                  file=sys.stderr)  # fmt: skip
     spec = json.loads((output / "preprocess.json").read_text())
+    model = output / "model.onnx"
     if spec["source"] == "image":
-        print(f"exported to {output}: `kiln infer --model {output / 'model.onnx'} <images or folder>`", file=sys.stderr)
-    else:  # kiln infer reads image files only
-        print(f"exported to {output}: inputs of shape {spec['input_shape']}, prepared as preprocess.json's recipe "
-              "says, go to model.onnx through onnxruntime (kiln infer reads image files)", file=sys.stderr)  # fmt: skip
+        print(f"exported to {output}: `kiln infer --model {model} <images or folder>`", file=sys.stderr)
+    elif spec["dtype"] == "float32":
+        print(f"exported to {output}: `kiln infer --model {model} <.npy or .csv files of samples of shape "
+              f"{spec['input_shape']}>`", file=sys.stderr)  # fmt: skip
+    else:  # ids: what makes them from raw input (a tokenizer) is the data's own
+        print(f"exported to {output}: {spec['dtype']} inputs of shape {spec['input_shape']} go to {model} through "
+              "onnxruntime, made as the data makes them", file=sys.stderr)  # fmt: skip

@@ -1,8 +1,10 @@
-"""``kiln infer --model model.onnx <images or folders>``: predictions from an exported model, without torch.
+"""``kiln infer --model model.onnx <files or folders>``: predictions from an exported model, without torch.
 
-Needs onnxruntime, numpy and Pillow only (``pip install kiln[onnx]`` on a serving machine). The
-images are decoded and resized as the folder data does (``kiln.images``), then scaled and
-normalised as ``preprocess.json`` beside the model says; ``predictions.csv`` gets a row per file.
+Needs onnxruntime, numpy and Pillow only (``pip install kiln[onnx]`` on a serving machine). Images
+are decoded and resized as the folder data does (``kiln.images``); arrays of samples are read from
+``.npy`` files or ``.csv`` files (a sample per row); both are then scaled and normalised as
+``preprocess.json`` beside the model says. ``predictions.csv`` gets a row per sample: a classifier's
+class and probabilities, or any other model's values.
 """
 
 from __future__ import annotations
@@ -20,30 +22,70 @@ from kiln.commands.arguments import OneLineParser
 from kiln.errors import UsageError
 from kiln.images import decode_array, image_files
 
+ARRAY_SUFFIXES = (".npy", ".csv")
 
-def files(given: list[str]) -> list[Path]:
-    """The image files named, and those in the folders named (sorted, recursively)."""
+
+def files(given: list[str], image: bool) -> list[Path]:
+    """The files named, and those in the folders named (sorted, recursively): images, or ``.npy``/``.csv`` arrays."""
     found: list[Path] = []
     for name in given:
         path = Path(name)
         if path.is_dir():
-            found += image_files(path)  # the kinds the folder data reads
+            found += image_files(path) if image else sorted(p for p in path.rglob("*") if p.suffix in ARRAY_SUFFIXES)
         elif path.is_file():
             found.append(path)
         else:
             raise UsageError(f"kiln infer: {path}: no such file or folder")
     if not found:
-        raise UsageError(f"kiln infer: no image files in {', '.join(given)}")
+        kind = "image files" if image else f"{' or '.join(ARRAY_SUFFIXES)} files"
+        raise UsageError(f"kiln infer: no {kind} in {', '.join(given)}")
     return found
 
 
-def inputs(paths: list[Path], spec: dict[str, Any]) -> np.ndarray:
-    """The files as the network's normalised float32 input ``(N, C, H, W)``."""
+def _normalised(raw: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
+    """Samples ``(N, *input_shape)`` scaled and normalised as the data did (statistics along axis 0 of a sample)."""
+    x = raw.astype(np.float32) * np.float32(spec["scale"])
+    if spec.get("mean") is None:
+        return x
+    shape = (-1, *[1] * (raw.ndim - 2)) if spec.get("stats_axis") == 0 else (-1,)
+    mean = np.asarray(spec["mean"], dtype=np.float32).reshape(shape if len(spec["mean"]) > 1 else ())
+    std = np.asarray(spec["std"], dtype=np.float32).reshape(shape if len(spec["std"]) > 1 else ())
+    return ((x - mean) / std).astype(np.float32)
+
+
+def image_inputs(paths: list[Path], spec: dict[str, Any]) -> np.ndarray:
+    """The image files as the network's input ``(N, C, H, W)``."""
     channels, height, width = spec["input_shape"]
-    mean = np.asarray(spec["mean"], dtype=np.float32).reshape(-1, 1, 1)
-    std = np.asarray(spec["std"], dtype=np.float32).reshape(-1, 1, 1)
-    arrays = np.stack([decode_array(path, channels, (height, width)) for path in paths])
-    return ((arrays.astype(np.float32) * np.float32(spec["scale"]) - mean) / std).astype(np.float32)
+    return _normalised(np.stack([decode_array(path, channels, (height, width)) for path in paths]), spec)
+
+
+def array_samples(path: Path, shape: list[int]) -> np.ndarray:
+    """The samples in a ``.npy`` file (``(N, *shape)`` or one ``shape``) or a ``.csv`` file (a sample per row,
+    flattened; a first row that is not numbers is a header)."""
+    try:
+        if path.suffix == ".npy":
+            raw = np.load(path, allow_pickle=False)
+        else:
+            rows = list(csv.reader(path.read_text().splitlines()))
+            numeric = lambda row: all(_is_number(c) for c in row)  # noqa: E731
+            raw = np.asarray([[float(c) for c in row] for row in rows[0 if rows and numeric(rows[0]) else 1 :] if row])
+    except (OSError, ValueError) as err:
+        raise UsageError(f"kiln infer: {path}: not readable as samples ({str(err).splitlines()[0]})") from None
+    size = int(np.prod(shape))
+    if raw.ndim == len(shape) and list(raw.shape) == shape:
+        raw = raw[None]
+    if raw.ndim < 1 or raw.size % size or (raw.ndim > 1 and int(np.prod(raw.shape[1:])) != size):
+        raise UsageError(f"kiln infer: {path}: holds an array of shape {list(raw.shape)}, where the model takes "
+                         f"samples of shape {shape} (N x {' x '.join(map(str, shape))})")  # fmt: skip
+    return raw.reshape(-1, *shape)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def batches(n: int, size: int) -> Iterator[slice]:
@@ -51,38 +93,60 @@ def batches(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + size))
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def rows(outputs: np.ndarray, spec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values."""
+    if spec.get("class_names") is not None or spec.get("output") in ("logits", "probabilities"):
+        probs = softmax(outputs) if spec.get("output") == "logits" else outputs  # probabilities: an older export
+        names = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
+        best = probs.argmax(axis=1)
+        header = ["predicted", "class", *(f"p_{name}" for name in names)]
+        return header, [[int(b), names[b], *(f"{p:.6f}" for p in row)] for b, row in zip(best, probs, strict=True)]
+    flat = outputs.reshape(len(outputs), -1)
+    header = ["prediction"] if flat.shape[1] == 1 else [f"prediction_{i}" for i in range(flat.shape[1])]
+    return header, [[f"{v:.6g}" for v in row] for row in flat]
+
+
 def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> Path:
-    """Write ``output`` (a CSV: path, predicted class, one probability per class) for the images given."""
+    """Write ``output`` (a CSV: file, sample, then the prediction's columns) for the files given."""
     import onnxruntime
 
     spec_file = model.parent / "preprocess.json"
     if not model.is_file() or not spec_file.is_file():
         raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
     spec = json.loads(spec_file.read_text())
-    if spec.get("source", "image") != "image" or len(spec["input_shape"]) != 3:
+    image = spec.get("source", "image") == "image" and len(spec["input_shape"]) == 3
+    if not image and spec.get("dtype", "float32") != "float32":
         raise UsageError(
-            f"kiln infer reads image files, but {model} takes samples of shape {spec['input_shape']}, not images "
-            "(C, H, W): predict with `kiln predict --ckpt_path`, or feed arrays of that shape to onnxruntime"
+            f"kiln infer: {model} takes {spec['dtype']} ids of shape {spec['input_shape']}, made by the data (a "
+            "tokenizer), not files: predict with `kiln predict --ckpt_path`, or feed such ids to onnxruntime"
         )
-    paths = files(given)
+    paths = files(given, image)
     try:
         session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UsageError(f"kiln infer: {model}: not a readable ONNX model ({reason}): export it again") from None
-    probs = np.concatenate(
-        [  # decoded a batch at a time: a folder of photos never sits in memory whole
-            session.run(None, {spec["input"]: inputs(paths[part], spec)})[0] for part in batches(len(paths), batch_size)
-        ]
-    )
-    names = spec["class_names"] or [str(c) for c in range(probs.shape[1])]
+    if image:  # decoded a batch at a time: a folder of photos never sits in memory whole
+        named = [(path, 0) for path in paths]
+        chunks = (image_inputs(paths[part], spec) for part in batches(len(paths), batch_size))
+    else:
+        samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
+        named = [(path, i) for path, array in samples for i in range(len(array))]
+        everything = _normalised(np.concatenate([array for _, array in samples]), spec)
+        chunks = (everything[part] for part in batches(len(everything), batch_size))
+    outputs = np.concatenate([session.run(None, {spec["input"]: chunk})[0] for chunk in chunks])
+    header, values = rows(outputs, spec)
     partial = output.with_name(f".{output.name}.partial")
     with partial.open("w", newline="") as f:  # renamed when complete: never a half-written file
         writer = csv.writer(f)
-        writer.writerow(["path", "predicted", "class", *(f"p_{name}" for name in names)])
-        for path, row in zip(paths, probs, strict=True):
-            best = int(row.argmax())
-            writer.writerow([str(path), best, names[best], *(f"{p:.6f}" for p in row)])
+        writer.writerow(["path", *([] if image else ["sample"]), *header])
+        for (path, i), row in zip(named, values, strict=True):
+            writer.writerow([str(path), *([] if image else [i]), *row])
     partial.replace(output)
     return output
 
@@ -93,7 +157,7 @@ def infer_command(args: list[str]) -> None:
     parser.add_argument("--model", type=Path, required=True, help="model.onnx from `kiln export`")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"))
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("inputs", nargs="+", help="image files and folders of them")
+    parser.add_argument("inputs", nargs="+", help="image files, .npy or .csv files of samples, and folders of them")
     options = parser.parse_args(args)
     if options.batch_size < 1:
         raise UsageError(f"kiln infer: --batch_size {options.batch_size}: give 1 or more")

@@ -21,6 +21,7 @@ from kiln.data.on_device import (
     DeviceLoader,
     augmentation_seed,
     check_fits,
+    normalised,
     seeded_augmentation,
     stats_view,
     to_unit_float,
@@ -33,41 +34,43 @@ Transform = Callable[[Tensor], Tensor]
 
 
 class SampleDataset(Dataset):
-    """Samples (and labels, or ``None`` for unlabelled data) with seeded augmentation and normalisation.
+    """Samples (and targets, or ``None`` for unlabelled data) with seeded augmentation and normalisation.
 
     Each batch is gathered by :meth:`_gather` (a tensor slice, or files decoded), converted to
     float, augmented (train only), then normalised, so augmentation fills with true black and
-    normalisation statistics stay those of the raw values. Given ``(epoch, index)`` keys (see
-    :class:`ResumableSampler`), the augmentation is seeded from ``(seed, epoch, index)`` of the
-    item, or of a batch's first item when the DataLoader asks for a whole batch (``__getitems__``):
-    the same augmentation in any worker, after any restart.
+    normalisation statistics stay those of the raw values; integer inputs other than uint8 pixels
+    (token ids) pass as they are. Targets keep their dtype: class indices, real values, token ids.
+    Given ``(epoch, index)`` keys (see :class:`ResumableSampler`), the augmentation is seeded from
+    ``(seed, epoch, index)`` of the item, or of a batch's first item when the DataLoader asks for a
+    whole batch (``__getitems__``): the same augmentation in any worker, after any restart.
     """
 
     def __init__(
         self,
-        labels: Tensor | None,
+        targets: Tensor | None,
         sample_shape: Sequence[int],
         mean: Sequence[float],
         std: Sequence[float],
         transform: Transform | None = None,
         seed: int = 0,
     ) -> None:
-        self.labels = labels.long() if labels is not None else None
+        self.targets = targets
         self.mean = stats_view(mean, sample_shape, "mean")
         self.std = stats_view(std, sample_shape, "std")
         self.transform = transform
         self.seed = seed
 
     def __len__(self) -> int:
-        return len(self.labels) if self.labels is not None else 0
+        return len(self.targets) if self.targets is not None else 0
 
     def _gather(self, index: Tensor) -> Tensor:
-        """The raw samples at ``index``, stacked (uint8 images, or float)."""
+        """The raw samples at ``index``, stacked (uint8 images, floats, or integer ids)."""
         raise NotImplementedError
 
-    def raw(self, i: int) -> tuple[Tensor, int]:
-        """Sample ``i`` as stored (before augmentation and normalisation) and its label (-1: none)."""
-        return self._gather(torch.tensor([i]))[0], int(self.labels[i]) if self.labels is not None else -1
+    def raw(self, i: int) -> tuple[Tensor, Any]:
+        """Sample ``i`` as stored (before augmentation and normalisation) and its target (``None``: none)."""
+        target = self.targets[i] if self.targets is not None else None
+        return self._gather(torch.tensor([i]))[0], target.item() if target is not None and not target.ndim else target
 
     def __getitem__(self, key: int | tuple[int, int]) -> Any:
         x, y = self._batch([key])
@@ -84,11 +87,11 @@ class SampleDataset(Dataset):
         with torch.inference_mode():  # no autograd bookkeeping: per-sample transforms run ~20% faster
             x = self._augmented(self._gather(index), *pairs[0])
         # outside inference mode, so the batch is an ordinary tensor that autograd may save
-        return (x - self.mean) / self.std, self.labels[index] if self.labels is not None else None
+        return normalised(x, self.mean, self.std), self.targets[index] if self.targets is not None else None
 
     def _augmented(self, inputs: Tensor, epoch: int | None, first: int) -> Tensor:
         x = to_unit_float(inputs)
-        if self.transform is None:
+        if self.transform is None or not torch.is_floating_point(x):
             return x
         with seeded_augmentation(augmentation_seed(self.seed, epoch, first) if epoch is not None else None):
             return torch.stack([self.transform(sample) for sample in x])
@@ -96,22 +99,22 @@ class SampleDataset(Dataset):
 
 class InMemoryDataset(SampleDataset):
     """Samples held as one ``N x ...`` tensor (images ``N x C x H x W`` as uint8 or float in [0, 1],
-    signals ``N x C x L`` or ``N x L``, features ``N x F``), with their labels."""
+    signals ``N x C x L`` or ``N x L``, features ``N x F``, token ids ``N x T``), with their targets."""
 
     def __init__(
         self,
         inputs: Tensor,
-        labels: Tensor,
+        targets: Tensor,
         mean: Sequence[float],
         std: Sequence[float],
         transform: Transform | None = None,
         seed: int = 0,
     ) -> None:
-        if len(inputs) != len(labels):
-            raise ValueError(f"{len(inputs)} samples but {len(labels)} labels")
-        super().__init__(labels, inputs.shape[1:], mean, std, transform, seed)
+        if len(inputs) != len(targets):
+            raise ValueError(f"{len(inputs)} samples but {len(targets)} targets")
+        super().__init__(targets, inputs.shape[1:], mean, std, transform, seed)
         self.inputs = inputs
-        self.labels: Tensor = labels.long()
+        self.targets: Tensor = targets
 
     def _gather(self, index: Tensor) -> Tensor:
         return self.inputs[index]
@@ -174,12 +177,13 @@ def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: in
     return parts
 
 
-def k_folds(labels: Sequence[int], k: int, seed: int) -> Tensor:
-    """The fold (0..k-1) of each sample: stratified (each class spread evenly over the folds), seeded."""
+def k_folds(labels: Sequence[Any], k: int, seed: int, stratified: bool = True) -> Tensor:
+    """The fold (0..k-1) of each sample, seeded: stratified (each class spread evenly over the folds), or for
+    targets that are not classes, a seeded permutation cut evenly."""
     g = torch.Generator().manual_seed(seed)
     folds = torch.empty(len(labels), dtype=torch.long)
-    for c in sorted(set(labels)):
-        members = torch.tensor([i for i, label in enumerate(labels) if label == c])
+    for c in sorted(set(labels)) if stratified else [None]:
+        members = torch.tensor([i for i, label in enumerate(labels) if c is None or label == c])
         members = members[torch.randperm(len(members), generator=g)]
         folds[members] = torch.arange(len(members)) % k
     return folds
@@ -192,12 +196,14 @@ def _built(value: Any) -> bool:
 
 
 class TensorDataModule(LightningDataModule):
-    """Base for classification data held as tensors: subclasses fill the splits in :meth:`load`.
+    """Base for data held as tensors, for any task: subclasses fill the splits in :meth:`load`.
 
     What the data produces is declared here once, and the CLI links it into the model and the
-    network (``kiln.cli.links``): ``num_classes``, ``input_shape`` (one sample's shape: ``(C, H, W)``
-    images, ``(C, L)`` signals, ``(F,)`` features), ``class_names`` and the normalisation
-    statistics. Health checks read the same declaration.
+    network (``kiln.cli.links``): ``input_shape`` (one sample's shape: ``(C, H, W)`` images,
+    ``(C, L)`` signals, ``(F,)`` features, ``(T,)`` token ids), for classification ``num_classes``
+    and ``class_names``, and the normalisation statistics (applied to float inputs only). Targets
+    keep their dtype; they are checked as class indices only where ``num_classes`` is declared.
+    Health checks read the same declaration (``kiln.training.contracts``).
 
     Args:
         batch_size: Samples per training batch.
@@ -214,16 +220,21 @@ class TensorDataModule(LightningDataModule):
         batch_augment: With ``on_device``: the augmentation applied to whole training batches
             (e.g. :class:`~kiln.data.BatchRandomAffine`); ``None`` uses the dataset's default.
         num_folds: Cross-validation: merge the train and val splits and cut them into this many
-            stratified folds (``None``: the splits as loaded). The test split stays as it is.
+            folds, stratified by class for class data (``None``: the splits as loaded). The test split stays.
         fold: Which fold validates (the others train).
         fold_seed: Seed of the fold assignment.
     """
 
-    num_classes: int
+    num_classes: int | None = None  # classification: the classes the targets index; None for other targets
     input_shape: tuple[int, ...]  # one sample, without the batch dimension
     default_mean: tuple[float, ...] = (0.0,)
     default_std: tuple[float, ...] = (1.0,)
     class_names: tuple[str, ...] | None = None  # shown in pictures and predictions; None: the class indices
+
+    @property
+    def num_outputs(self) -> int | None:
+        """What a network gives per sample for these targets: a logit per class (other data declares its own)."""
+        return self.num_classes
 
     @property
     def in_channels(self) -> int | None:
@@ -292,10 +303,12 @@ class TensorDataModule(LightningDataModule):
         train, val = self.train_set, self.val_set
         if not (isinstance(train, InMemoryDataset) and isinstance(val, InMemoryDataset)):
             raise ConfigError(f"data.num_folds: {type(self).__name__} has no in-memory train and val splits to fold")
-        inputs, labels = torch.cat([train.inputs, val.inputs]), torch.cat([train.labels, val.labels])
-        held_out = k_folds(labels.tolist(), self.num_folds or 0, self.fold_seed) == self.fold
-        self.train_set = self.make_dataset(inputs[~held_out], labels[~held_out], train=True)
-        self.val_set = self.make_dataset(inputs[held_out], labels[held_out], train=False)
+        inputs, targets = torch.cat([train.inputs, val.inputs]), torch.cat([train.targets, val.targets])
+        by_class = self.num_classes is not None and targets.ndim == 1
+        keys = targets.tolist() if by_class else list(range(len(targets)))
+        held_out = k_folds(keys, self.num_folds or 0, self.fold_seed, stratified=by_class) == self.fold
+        self.train_set = self.make_dataset(inputs[~held_out], targets[~held_out], train=True)
+        self.val_set = self.make_dataset(inputs[held_out], targets[held_out], train=False)
 
     def default_train_transforms(self) -> list[nn.Module]:
         """The augmentation used when ``train_transforms`` is ``None``; override per dataset."""
@@ -312,14 +325,27 @@ class TensorDataModule(LightningDataModule):
             return chosen[0] if chosen else None
         return nn.Sequential(*chosen)
 
-    def make_dataset(self, inputs: Tensor, labels: Tensor, train: bool) -> InMemoryDataset:
+    def make_dataset(self, inputs: Tensor, targets: Tensor, train: bool) -> InMemoryDataset:
         """Wrap tensors with this module's normalisation (and augmentation when ``train``)."""
         if tuple(inputs.shape[1:]) != tuple(self.input_shape):
             raise DataError(
                 f"{type(self).__name__}: samples have shape {tuple(inputs.shape[1:])} but input_shape declares "
                 f"{tuple(self.input_shape)}; make them agree (a missing channel dimension: inputs.unsqueeze(1))"
             )
-        return InMemoryDataset(inputs, labels, **self.sample_options(train))
+        return InMemoryDataset(inputs, self._as_declared(targets), **self.sample_options(train))
+
+    def _as_declared(self, targets: Tensor) -> Tensor:
+        """Class indices as int64 where the data declares classes (a float target there stops in one line, never
+        truncated); any other targets as they are."""
+        if self.num_classes is None:
+            return targets
+        if torch.is_floating_point(targets):
+            raise DataError(
+                f"{type(self).__name__} declares num_classes {self.num_classes}, but its targets are {targets.dtype}: "
+                "class indices are integers (give targets.long() if they are whole numbers), or declare no "
+                "num_classes for real-valued targets"
+            )
+        return targets.long()
 
     def sample_options(self, train: bool) -> dict[str, Any]:
         """What each split's dataset gets from this module: normalisation; augmentation and its seed for ``train``."""
@@ -372,9 +398,11 @@ class TensorDataModule(LightningDataModule):
         raise DataError(f"{type(self).__name__}: the {split} set is empty; {fix}")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Check labels on the host, before a bad one becomes an IndexError (or a CUDA device-side assert)."""
+        """Check class labels on the host, before a bad one becomes an IndexError (or a CUDA device-side assert)."""
         labels = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
-        if isinstance(labels, Tensor) and labels.device.type == "cpu" and labels.numel():
+        if self.num_classes is None or not isinstance(labels, Tensor) or torch.is_floating_point(labels):
+            return batch
+        if labels.device.type == "cpu" and labels.numel():
             stage = self.trainer.state.stage.value if self.trainer is not None and self.trainer.state.stage else "?"
             epoch = self.trainer.current_epoch if self.trainer is not None else 0
             count = self._batches_seen[(stage, epoch)] = self._batches_seen.get((stage, epoch), -1) + 1
@@ -390,17 +418,18 @@ class TensorDataModule(LightningDataModule):
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         if not self._device_copies:  # before the first copy: every split, or a clear error
             splits = [d for d in (self.train_set, self.val_set, self.test_set) if isinstance(d, InMemoryDataset)]
-            check_fits([t for d in splits for t in (d.inputs, d.labels)], device)
+            check_fits([t for d in splits for t in (d.inputs, d.targets)], device)
         if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
-            check_labels(dataset.labels, self.num_classes, f"{type(self).__name__} data")  # on the host, once
-            self._device_copies[id(dataset)] = (dataset.inputs.to(device), dataset.labels.to(device))
-        inputs, labels = self._device_copies[id(dataset)]
+            if self.num_classes is not None and not torch.is_floating_point(dataset.targets):  # on the host, once
+                check_labels(dataset.targets, self.num_classes, f"{type(self).__name__} data")
+            self._device_copies[id(dataset)] = (dataset.inputs.to(device), dataset.targets.to(device))
+        inputs, targets = self._device_copies[id(dataset)]
         augment = None
         if sampler is not None:  # training
             augment = self.batch_augment if self.batch_augment is not None else self.default_batch_augment()
         return DeviceLoader(
             inputs,
-            labels,
+            targets,
             self.batch_size if sampler is not None else self.eval_batch_size,
             self.mean,
             self.std,

@@ -32,9 +32,17 @@ def check_fits(tensors: Sequence[Tensor], device: torch.device, share: float = 0
         )
 
 
-def to_unit_float(images: Tensor) -> Tensor:
-    """uint8 pixels to float in [0, 1]; float images as they are. Used per batch by both data paths."""
-    return images.float().div_(255) if images.dtype == torch.uint8 else images.float()
+def to_unit_float(inputs: Tensor) -> Tensor:
+    """uint8 pixels to float in [0, 1]; floats as float32; other integers (token ids, indices) as they are,
+    never normalised nor augmented. Used per batch by both data paths."""
+    if inputs.dtype == torch.uint8:
+        return inputs.float().div_(255)
+    return inputs.float() if torch.is_floating_point(inputs) else inputs
+
+
+def normalised(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """``(x - mean) / std`` for float inputs; integer ones (token ids) pass as they are."""
+    return (x - mean) / std if torch.is_floating_point(x) else x
 
 
 def stats_view(values: Sequence[float], sample_shape: Sequence[int], name: str) -> Tensor:
@@ -125,7 +133,7 @@ class BatchRandomAffine(nn.Module):
 
 
 class DeviceLoader:
-    """Batches sliced from input and label tensors that already live on the training device.
+    """Batches sliced from input and target tensors that already live on the training device.
 
     Stands in for a ``DataLoader`` (Lightning accepts any sized iterable and calls
     ``sampler.set_epoch`` through the ``sampler`` attribute). Images are kept as stored (uint8 for
@@ -135,7 +143,7 @@ class DeviceLoader:
 
     Args:
         inputs: ``N x ...`` samples (images as uint8, or float) on the device.
-        labels: ``N`` labels on the same device.
+        targets: ``N`` targets on the same device (class indices, real values, token ids: as they are).
         batch_size: Samples per batch (the last batch may be smaller).
         mean: Normalisation mean (one value, or one per channel or feature; see ``stats_view``).
         std: Normalisation std, given like ``mean``.
@@ -147,7 +155,7 @@ class DeviceLoader:
     def __init__(
         self,
         inputs: Tensor,
-        labels: Tensor,
+        targets: Tensor,
         batch_size: int,
         mean: Sequence[float],
         std: Sequence[float],
@@ -155,7 +163,7 @@ class DeviceLoader:
         augment: nn.Module | None = None,
         seed: int = 0,
     ) -> None:
-        self.inputs, self.labels, self.batch_size = inputs, labels.long(), batch_size
+        self.inputs, self.targets, self.batch_size = inputs, targets, batch_size
         self.mean = stats_view(mean, inputs.shape[1:], "mean").to(inputs.device)
         self.std = stats_view(std, inputs.shape[1:], "std").to(inputs.device)
         self.sampler, self.augment, self.seed = sampler, augment, seed
@@ -163,13 +171,13 @@ class DeviceLoader:
         self.generator = torch.Generator(device=inputs.device)
 
     def __len__(self) -> int:
-        samples = len(self.sampler) if self.sampler is not None else len(self.labels)
+        samples = len(self.sampler) if self.sampler is not None else len(self.targets)
         return math.ceil(samples / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         epoch, first_batch = 0, 0
         if self.sampler is None:
-            order = torch.arange(len(self.labels), device=self.inputs.device)
+            order = torch.arange(len(self.targets), device=self.inputs.device)
         else:
             skipped = self.sampler.skip  # consumed by iterating the sampler; batches stay aligned
             keys = list(self.sampler)
@@ -179,7 +187,7 @@ class DeviceLoader:
             index = order[start : start + self.batch_size]
             with torch.inference_mode():  # not held across the yield: the training step needs autograd
                 x = to_unit_float(self.inputs[index])
-                if self.augment is not None:
+                if self.augment is not None and torch.is_floating_point(x):
                     self.generator.manual_seed(augmentation_seed(self.seed, epoch, number))
                     x = self.augment(x, self.generator)
-            yield (x - self.mean) / self.std, self.labels[index]  # ordinary tensors, made outside inference mode
+            yield normalised(x, self.mean, self.std), self.targets[index]  # made outside inference mode: ordinary

@@ -35,7 +35,7 @@ class SyntheticDataModule(TensorDataModule):
         sets = []
         for n in (self.num_samples, n_eval, n_eval):
             images = torch.randint(0, 256, (n, *self.input_shape), generator=g, dtype=torch.uint8)
-            sets.append((images, torch.randint(0, self.num_classes, (n,), generator=g)))
+            sets.append((images, torch.randint(0, self.num_classes or 1, (n,), generator=g)))
         self.train_set = self.make_dataset(*sets[0], train=True)
         self.val_set = self.make_dataset(*sets[1], train=False)
         self.test_set = self.make_dataset(*sets[2], train=False)

@@ -120,7 +120,7 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
             continue
         digest, how = hashlib.sha256(), "size only"
         if isinstance(dataset, InMemoryDataset):
-            for tensor in (dataset.inputs, dataset.labels):
+            for tensor in (dataset.inputs, dataset.targets):
                 if tensor is not None:
                     digest.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
                     digest.update(tensor.detach().cpu().contiguous().numpy().data)  # its buffer: no copy of the bytes

@@ -1,5 +1,6 @@
 """LightningModules: loss, metrics, optimisation and logging around an injected network."""
 
 from research.models.classifier import Classifier
+from research.models.regressor import Regressor
 
-__all__ = ["Classifier"]
+__all__ = ["Classifier", "Regressor"]

@@ -10,14 +10,12 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchmetrics.classification import MulticlassAccuracy
 
 from kiln.console import say
 from kiln.errors import ConfigError
-from kiln.training.logging_steps import writes_logs_after
 from kiln.training.schedules import WarmupCosineLR
 from research.models.backbone import drop_gradients, hold_statistics, param_groups, split
 
@@ -114,10 +112,6 @@ class Classifier(LightningModule):
         # per-sample mean losses, synced over ranks by torchmetrics; NaN is kept, not dropped
         self.val_loss = MeanMetric(nan_strategy="disable")
         self.test_loss = MeanMetric(nan_strategy="disable")
-        self.test_confusion = MulticlassConfusionMatrix(num_classes)  # read by ConfusionMatrixReport
-        self._loss_sum: Tensor | None = None
-        self._loss_count = 0
-        self._counted_epoch: int | None = None  # the epoch a resumed checkpoint's training counts belong to
 
     def setup(self, stage: str) -> None:
         shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
@@ -138,10 +132,6 @@ class Classifier(LightningModule):
         return self.current_epoch < self.freeze_backbone_epochs
 
     def on_train_epoch_start(self) -> None:
-        if self._counted_epoch is not None and self._counted_epoch != self.current_epoch:
-            self.train_acc.reset()  # the resumed checkpoint was saved once its epoch had ended: a new one starts
-            self._loss_sum, self._loss_count = None, 0
-        self._counted_epoch = None
         if self.freeze_backbone_epochs:
             hold_statistics(self.net, frozen=self._backbone_frozen())
             if self.current_epoch == self.freeze_backbone_epochs:
@@ -164,48 +154,10 @@ class Classifier(LightningModule):
         logits = self(x)
         loss = self._loss(logits, y)
         self.train_acc.update(logits.detach(), y)  # logged once per epoch, not per step
-        self._log_train_loss(loss.detach(), batch_idx)
-        return loss
-
-    def _log_train_loss(self, loss: Tensor, batch_idx: int) -> None:
-        """Log the mean loss since the last log, on the steps Lightning writes and at each epoch end.
-
-        Summing on the device never syncs; a ``self.log`` per step would (benchmarks/README.md).
-        """
-        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
-        self._loss_count += 1
-        trainer = self.trainer
-        last_batch = batch_idx + 1 >= trainer.num_training_batches
-        if (batch_idx + 1) % trainer.accumulate_grad_batches and not last_batch:
-            return  # mid-accumulation: the optimizer step (and any write) comes with a later batch
-        if writes_logs_after(trainer, self.global_step) or last_batch:
-            self.log("train/loss", self._loss_sum / self._loss_count, prog_bar=True)
-            self._loss_sum, self._loss_count = None, 0
+        return loss  # kiln.callbacks.TrainLoss logs it as train/loss
 
     def on_train_epoch_end(self) -> None:
         self.log("train/acc", self.train_acc)  # computed over the epoch (and all ranks), then reset
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """What the epoch's training metrics have counted so far, so that a resume mid-epoch logs what the
-        uninterrupted run logs: ``train/acc`` over the whole epoch (every rank's counts, summed; a collective,
-        as every rank saves) and ``train/loss`` over the steps since its last log."""
-        with self.train_acc.sync_context():
-            state = self.train_acc.metric_state
-            counts = {name: torch.as_tensor(value).detach().clone() for name, value in state.items()}
-        checkpoint["train_metrics"] = {"epoch": self.current_epoch, "train_acc": counts, "loss_sum": self._loss_sum,
-                                       "loss_count": self._loss_count}  # fmt: skip
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("train_metrics")
-        if saved is None or self._trainer is None or self.trainer.state.fn != TrainerFn.FITTING:
-            return
-        if self.global_rank == 0:  # the sum of every rank's counts: once
-            for name, value in saved["train_acc"].items():
-                setattr(self.train_acc, name, value.to(self.device))
-        loss_sum = saved["loss_sum"]
-        self._loss_sum = loss_sum.to(self.device) if loss_sum is not None else None
-        self._loss_count = saved["loss_count"]
-        self._counted_epoch = saved.get("epoch")
 
     def _evaluate(self, batch: Batch, loss: MeanMetric, accuracy: MulticlassAccuracy) -> Tensor:
         """Accumulate on the device; the epoch-end hooks log once (no ``self.log`` per batch)."""
@@ -223,9 +175,7 @@ class Classifier(LightningModule):
         self.log("val/acc", self.val_acc, prog_bar=True)
 
     def test_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        logits = self._evaluate(batch, self.test_loss, self.test_acc)
-        self.test_confusion.update(logits, batch[1])
-        return logits  # for callbacks (ConfidentMistakes); Lightning keeps no test outputs
+        return self._evaluate(batch, self.test_loss, self.test_acc)  # the logits, for kiln's confusion matrix
 
     def on_test_epoch_end(self) -> None:
         self.log("test/loss", self.test_loss)

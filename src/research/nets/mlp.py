@@ -14,7 +14,7 @@ class MLP(nn.Module):
 
     Args:
         input_shape: One sample's shape (the CLI links it from the data): ``(C, H, W)``, ``(L,)``, ``(F,)``.
-        num_classes: Output logits.
+        num_outputs: Outputs per sample: one logit per class, or one value per regression target.
         hidden: Units per hidden layer.
         depth: Hidden layers.
     """
@@ -22,7 +22,7 @@ class MLP(nn.Module):
     def __init__(
         self,
         input_shape: Sequence[int] = (1, 8, 8),
-        num_classes: int = 10,
+        num_outputs: int = 10,
         hidden: int = 128,
         depth: int = 2,
     ) -> None:
@@ -32,7 +32,7 @@ class MLP(nn.Module):
         for _ in range(depth):
             layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
             width = hidden
-        layers.append(nn.Linear(width, num_classes))
+        layers.append(nn.Linear(width, num_outputs))
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: Tensor) -> Tensor:

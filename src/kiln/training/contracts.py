@@ -1,0 +1,81 @@
+"""What kiln's engine may use of a LightningModule and its LightningDataModule: small named contracts, each optional.
+
+None is a base class: a plain module or datamodule declares what it has under these names, and the
+engine reads them here only, never by guessing. Without one, the part that needs it steps aside (at
+most one line); a command that cannot do without it stops in one line naming what to add.
+
+Data (a LightningDataModule):
+    ``input_shape``: one sample's shape without the batch dimension (``(C, H, W)`` images, ``(C, L)`` or
+        ``(L,)`` signals, ``(F,)`` features, ``(T,)`` token ids). Linked into the network; checked in
+        the first batches; an export's input.
+    ``num_classes`` (and ``class_names``): classification. Linked into the model and the network; then
+        label checks, the class histogram, the confusion matrix, confident mistakes, class columns in
+        predictions and top-1 agreement in an export's parity.
+    ``mean`` and ``std``: the statistics it normalises float inputs with. Pictures undo them; an
+        export's ``preprocess.json`` records them.
+    ``resume_at(epoch, samples)``: where the training order resumes, for an exact mid-epoch resume.
+A LightningModule:
+    ``prediction_columns(prediction, batch)``: ``predictions.csv``'s columns for a batch (else kiln
+        writes class columns for classifiers, values for anything else).
+    ``example_input_array`` (Lightning's own): an input for the model summary and an export, where the
+        data's test batches give none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ResumesMidEpoch(Protocol):
+    """Data whose training order can start at any sample of any epoch (``kiln.data.ResumableSampler`` does)."""
+
+    def resume_at(self, epoch: int, samples: int) -> None: ...
+
+
+@runtime_checkable
+class WritesPredictions(Protocol):
+    """A module that says how its predictions read in ``predictions.csv``: columns of one value per sample."""
+
+    def prediction_columns(self, prediction: Any, batch: Any) -> Mapping[str, Sequence[Any]]: ...
+
+
+def datamodule(trainer: Any) -> Any:
+    """The trainer's datamodule, or None (loaders given directly, or no trainer)."""
+    return getattr(trainer, "datamodule", None) if trainer is not None else None
+
+
+def classes(data: Any) -> int | None:
+    """``num_classes`` where the data declares a positive integer number of classes; else None."""
+    value = getattr(data, "num_classes", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def declared_classes(trainer: Any) -> int | None:
+    return classes(datamodule(trainer))
+
+
+def declared_names(trainer: Any) -> list[str] | None:
+    """The class names the data declares, one per class; else None."""
+    data = datamodule(trainer)
+    names, count = getattr(data, "class_names", None), classes(data)
+    if count is None or not isinstance(names, Sequence) or isinstance(names, str) or len(names) != count:
+        return None
+    return [str(name) for name in names]
+
+
+def sample_shape(data: Any) -> tuple[int, ...] | None:
+    """``input_shape`` where the data declares one (a sequence of positive integers); else None."""
+    shape = getattr(data, "input_shape", None)
+    if not isinstance(shape, Sequence) or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return tuple(shape)
+
+
+def statistics(data: Any) -> tuple[list[float], list[float]] | None:
+    """``(mean, std)`` where the data declares the statistics it normalises float inputs with; else None."""
+    mean, std = getattr(data, "mean", None), getattr(data, "std", None)
+    if not (isinstance(mean, Sequence) and isinstance(std, Sequence)) or not mean or not std:
+        return None
+    return [float(m) for m in mean], [float(s) for s in std]
