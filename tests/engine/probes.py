@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.loggers import WandbLogger
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -182,3 +182,30 @@ class SignalAtHook(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.hook == "on_fit_end":
             os.kill(os.getpid(), self.signal)
+
+
+class PlainDigits(LightningDataModule):
+    """The digits as a plain LightningDataModule: tensors and a shuffling DataLoader, no kiln base class."""
+
+    def __init__(self, batch_size: int = 32) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        from research.data.digits import load_digits
+
+        images, labels = load_digits()
+        self.sets = torch.utils.data.random_split(
+            torch.utils.data.TensorDataset(images.float().div(16).unsqueeze(1), labels),
+            [0.8, 0.1, 0.1],
+            generator=torch.Generator().manual_seed(0),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[0], batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[1], batch_size=self.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[2], batch_size=self.batch_size)

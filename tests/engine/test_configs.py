@@ -159,3 +159,12 @@ def test_pytorch_profiler_preset_writes_a_trace_into_the_run_folder() -> None:
     (run_dir,) = Path("runs/digits").iterdir()
     traces = list(run_dir.glob("*.pt.trace.json"))
     assert traces and traces[0].stat().st_size > 1000
+
+
+def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs() -> None:
+    """The default data's test_fraction (0.2) is not the language model's data's (0.1): jsonargparse kept the old."""
+    switched = ["-c", str(CONFIGS / "experiment" / "sentences.yaml"), "--trainer.logger", "false"]
+    data = build_cli(switched, run=False).datamodule
+    assert data.fractions == (0.8, 0.1) and data.hparams["test_fraction"] == 0.1  # what checkpoints hold too
+    written = build_cli([*switched, "--data.init_args.test_fraction", "0.3"], run=False).datamodule
+    assert written.hparams["test_fraction"] == 0.3 and written.batch_size == 64  # written values stand

@@ -19,7 +19,7 @@ from torch.utils.data import SequentialSampler
 
 from kiln.data import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, SyntheticDataModule
 from kiln.data.sampling import ResumableSampler
-from kiln.errors import MissingDataError
+from kiln.errors import DataError, MissingDataError
 from research.data import DigitsDataModule
 from research.models import Classifier
 from research.nets import SmallCNN
@@ -203,3 +203,13 @@ def test_batches_are_built_without_autograd_but_train_like_any_tensor(on_device:
     loss = torch.nn.functional.cross_entropy(conv(x).mean((2, 3)), y % 4)
     loss.backward()
     assert conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
+
+
+def test_float_targets_of_data_that_declares_classes_stop_in_one_line_never_truncated() -> None:
+    data = DigitsDataModule()
+    with pytest.raises(DataError, match=r"declares num_classes 10, but its targets are torch.float32: class indices"):
+        data.make_dataset(torch.zeros(4, 1, 8, 8), torch.tensor([0.5, 1.0, 2.7, 3.0]), train=True)
+    kept = SyntheticDataModule(num_samples=8, num_classes=3)
+    kept.num_classes = None  # no classes declared: real-valued targets stay as they are
+    dataset = kept.make_dataset(torch.zeros(4, 3, 32, 32), torch.tensor([0.5, 1.0, 2.7, 3.0]), train=False)
+    assert dataset.targets.dtype == torch.float32 and dataset[2][1].item() == pytest.approx(2.7)

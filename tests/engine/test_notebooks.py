@@ -1,5 +1,5 @@
 """``notebooks/results.ipynb`` runs from top to bottom on runs a test makes: fits with two loggers, a failed run,
-a sweep and a multirun; what it shows names each of them."""
+a regression, a sweep and a multirun; what it shows names each of them."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def test_the_results_notebook_runs_on_fits_a_sweep_and_a_multirun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     main(["fit", *LIMIT, "-c", str(CONFIGS / "logger" / "csv.yaml")])
+    regression = ["-c", str(CONFIGS / "experiment" / "friedman.yaml"), *LIMIT]  # no val/acc: curves of what it logs
+    main(["fit", *regression, "-c", str(CONFIGS / "logger" / "csv.yaml")])
     monkeypatch.setenv("WANDB_MODE", "offline")
     main(["fit", *LIMIT, "--model.init_args.optimizer.init_args.lr", "0.01"])  # W&B's offline file
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -50,7 +52,8 @@ def test_the_results_notebook_runs_on_fits_a_sweep_and_a_multirun(
         notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
     ).execute()
     text = shown(notebook)
-    assert "runs under" in text and "finished" in text and "failed" in text  # 3 fits, the 2 trials (+2 multirun)
+    assert "runs under" in text and "finished" in text and "failed" in text  # 4 fits, the 2 trials (+2 multirun)
+    assert "friedman" in text and "val/rmse @best" in text
     assert "model.init_args.optimizer.init_args.lr" in text  # a setting that differs between the runs
     assert "sweep tiny: 2 trials" in text and "multirun seeds" in text and "±" in text
     images = [o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]

@@ -428,3 +428,28 @@ def test_a_resumed_runs_metrics_csv_goes_on_as_the_uninterrupted_runs(tmp_path: 
     (killed / "metrics.csv").write_text(header + "".join(r for r in rows if int(r.split(",")[step]) <= 12))
     build_cli([*run_args(0), *logged, "--run.root", str(tmp_path / "killed"), "--ckpt_path", "last"])
     assert (killed / "metrics.csv").read_text() == (whole / "metrics.csv").read_text()  # none lost, none twice
+
+
+@pytest.mark.slow
+def test_a_plain_datamodule_resumes_mid_epoch_with_one_line_saying_it_is_not_exact(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.commands.boundary import main
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    args = ["fit", "--data", "probes.PlainDigits", "--model.init_args.num_classes", "10",
+            "--model.init_args.net.init_args.in_channels", "1", "--trainer.max_epochs", "2",
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "2", "--trainer.logger", "false",
+            "--run.test_after_fit", "false", "--run.root", str(tmp_path), "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.every_n_train_steps=4", "--trainer.callbacks.save_top_k=-1",
+            "--trainer.callbacks.filename=mid-{step}"]  # fmt: skip
+    main(args)
+    mid = next(tmp_path.glob("digits/*/checkpoints/mid-step=4.ckpt"))
+    capsys.readouterr()
+    main([*args, "--ckpt_path", str(mid)])  # was: internal error (exact mid-epoch resume needs … resume_position)
+    said = [line for line in capsys.readouterr().err.splitlines() if "cannot resume its training order" in line]
+    assert said == [
+        "PlainDigits cannot resume its training order mid-epoch: the rest of epoch 0 is drawn from the start of its "
+        "data again (some samples twice, some not at all); give the datamodule resume_at(epoch, samples) for an "
+        "exact resume (kiln.training.contracts; kiln.data.ResumableSampler does it)"
+    ]

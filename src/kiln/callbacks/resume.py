@@ -21,6 +21,7 @@ from kiln.callbacks.last import LastCheckpoint, save_last
 from kiln.console import say
 from kiln.errors import Preempted
 from kiln.process import stop_signals
+from kiln.training.contracts import ResumesMidEpoch, datamodule
 
 
 def capture_rng() -> dict[str, Any]:
@@ -129,11 +130,16 @@ class ExactResume(Callback):
         # loader, so the data position goes to the datamodule now; the RNG waits for the first batch.
         self._pending = state_dict["rng"]
         self._position = (state_dict["epoch"], state_dict["samples"])
-        datamodule = getattr(self._trainer, "datamodule", None)
-        if hasattr(datamodule, "resume_position"):
-            datamodule.resume_position = (state_dict["epoch"], state_dict["samples"])  # type: ignore[union-attr]
-        elif state_dict["samples"]:
-            raise RuntimeError("exact mid-epoch resume needs a datamodule with resume_position (TensorDataModule)")
+        data, (epoch, samples) = datamodule(self._trainer), (state_dict["epoch"], state_dict["samples"])
+        if isinstance(data, ResumesMidEpoch):
+            data.resume_at(epoch, samples)
+        elif samples:
+            name = type(data).__name__ if data is not None else "the training loader"
+            say(
+                f"{name} cannot resume its training order mid-epoch: the rest of epoch {epoch} is drawn from the start "
+                "of its data again (some samples twice, some not at all); give the datamodule resume_at(epoch, "
+                "samples) for an exact resume (kiln.training.contracts; kiln.data.ResumableSampler does it)"
+            )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # after the sanity check, right before the first batch: loaders draw from their own generators

@@ -1,5 +1,7 @@
 """A ``class_path`` switched by a ``-c`` file or flag keeps the default config's init_args that the
-new class also accepts (jsonargparse's merge, documented in the README): say which, once."""
+new class also accepts (jsonargparse's merge, documented in the README): say which, once. The old
+class's own defaults, which nobody wrote, never stand in for the new class's (jsonargparse would
+keep those too): the new class gets its own."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 
+from kiln.cli.classes import REQUIRED, defaults, import_class
 from kiln.cli.config_errors import Source, skeleton
 
 SWITCHABLE = ("model", "model.init_args.net", "model.init_args.optimizer", "model.init_args.scheduler", "data")
@@ -46,3 +49,32 @@ def carried_over(config: Namespace, default_file: Path, written: list[Source]) -
                 f"{default_file.name}; set them to change them"
             )
     return lines
+
+
+def own_defaults(config: Namespace, default_file: Path, written: list[Source]) -> None:
+    """For each switched class, the arguments nobody wrote (in ``default_file`` or after it) set to the new class's
+    own defaults, where the old class's defaults were carried over instead."""
+    defaults_file = yaml.safe_load(default_file.read_text()) or {}
+    by_user = {skeleton(path) for source in written for path, _ in source.entries}
+    for path in SWITCHABLE:
+        node, default = _node(config, path), _node(defaults_file, path)
+        if not isinstance(node, Namespace) or not isinstance(default, dict):
+            continue
+        old, new = str(default.get("class_path", "")), str(node.get("class_path", ""))
+        if not old or not new or old == new or not isinstance(node.get("init_args"), Namespace):
+            continue
+        own, in_file = defaults(import_class(new)), default.get("init_args") or {}
+        for key, value in node.init_args.items():
+            mine = own.get(key, REQUIRED)
+            untouched = key not in in_file and skeleton(f"{path}.{key}") not in by_user
+            if untouched and mine is not REQUIRED and not isinstance(value, Namespace) and value != mine:
+                node.init_args[key] = mine
+            elif type(value) not in (int, float, str, bool) and isinstance(value, int | float | str):
+                node.init_args[key] = _plain(value)  # the old class's restricted type (PositiveInt): not the new's
+
+
+def _plain(value: int | float | str) -> int | float | str:
+    for kind in (int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value

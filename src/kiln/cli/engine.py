@@ -14,15 +14,17 @@ import torch
 import yaml
 from jsonargparse import ArgumentError, Namespace
 from jsonargparse.typing import PositiveInt
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import _InstantiatorFn as _InstantiatorFn  # README: private APIs
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import console
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
-from kiln.cli.class_switch import carried_over
+from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
 from kiln.cli.devices import fall_back_from_bf16, missing_gpu
@@ -144,6 +146,28 @@ class WandbConfigSaver(SaveConfigCallback):
             checkpoint[BUILT_FROM_KEY] = self.built_from
 
 
+class _Instantiator(_InstantiatorFn):
+    """Lightning's instantiator, told only the links jsonargparse applied: a link into a network the chosen model
+    does not take (a self-contained LightningModule) is ignored by jsonargparse, but Lightning would still write it
+    into the hyper-parameters and fail there (``Expected key model.init_args.net… to be in data``)."""
+
+    def __call__(self, class_type: Any, *args: Any, applied_instantiation_links: dict, **kwargs: Any) -> Any:
+        self.cli._dump_config()
+        built = self.cli.config_dump.get(self.key, {})
+        applied = {key: value for key, value in applied_instantiation_links.items() if _has_parent(built, key)}
+        return super().__call__(class_type, *args, applied_instantiation_links=applied, **kwargs)
+
+
+def _has_parent(config: dict[str, Any], key: str) -> bool:
+    """Whether ``config`` (one section of the CLI's config) holds the node a link target ``key`` sits in."""
+    node: Any = config
+    for part in key.split(".")[1:-1]:  # after the section's own name, up to the argument
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return isinstance(node, dict)
+
+
 class KilnCLI(LightningCLI):
     """LightningCLI that gives every run its own folder and keeps W&B from prompting or hanging."""
 
@@ -220,6 +244,7 @@ class KilnCLI(LightningCLI):
             self._rebuild_from_checkpoint(parser, subcommand, str(self.config[subcommand].ckpt_path), self._checkpoint)
 
     def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Parse; a switched class gets its own defaults (kiln.cli.class_switch) before anything reads the config."""
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
@@ -231,6 +256,9 @@ class KilnCLI(LightningCLI):
                 return list(known.get_defaults().keys())
 
             raise UsageError(f"{describe(str(err), given, parser.default_config_files, known_keys)}") from None
+        subcommand = self.config.get("subcommand")
+        own_defaults(self.config[subcommand] if subcommand else self.config, config_dir() / "train.yaml",
+                     sources(self._parsed, []))  # fmt: skip
 
     def _rebuild_from_checkpoint(
         self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str, checkpoint: dict[str, Any]
@@ -283,6 +311,12 @@ class KilnCLI(LightningCLI):
         super()._parse_ckpt_path()
         keep_given_secrets(saved, given.model, self.config[subcommand].model)
 
+    def _add_instantiators(self) -> None:
+        """Lightning's two instantiators, as :class:`_Instantiator` (overrides a private method: README)."""
+        for key in ("model", "data"):
+            self.parser.add_instantiator(_Instantiator(cli=self, key=key), LightningModule if key == "model" else
+                                         LightningDataModule, subclasses=True)  # fmt: skip
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_class_arguments(RunOptions, "run")
         # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
@@ -299,14 +333,15 @@ class KilnCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        default_file = config_dir() / "train.yaml"
+        written = sources(self._parsed, [])
+        for line in carried_over(config, default_file, written):
+            print(line, file=sys.stderr)
         self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
         self.config_dump = redact(self.config_dump)  # ... without secrets
         secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
         sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
-        default_file = config_dir() / "train.yaml"
-        for line in carried_over(config, default_file, sources(self._parsed, [])):
-            print(line, file=sys.stderr)
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
         if why := missing_gpu(config.trainer, settings):  # before a run folder exists

@@ -155,13 +155,13 @@ def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: l
 
         torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
                           external_data=False, input_names=["input"], output_names=["output"],
-                          dynamic_shapes={"x": {0: batch}})  # fmt: skip
+                          dynamic_shapes=({0: batch},))  # fmt: skip
         session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
         run = lambda x: session.run(None, {"input": x.numpy()})[0]  # noqa: E731
         report["onnx"] = parity(run, served, inputs, example, batch_sizes, classifier)
     if "pt2" in formats:
         stop_signals.stop_here("kiln export stopped; nothing was written")
-        program = torch.export.export(served, (example,), dynamic_shapes={"x": {0: batch}})
+        program = torch.export.export(served, (example,), dynamic_shapes=({0: batch},))
         torch.export.save(program, staging / "model.pt2")
         reloaded = torch.export.load(staging / "model.pt2").module()
         report["pt2"] = parity(reloaded, served, inputs, example, batch_sizes, classifier)

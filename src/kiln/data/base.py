@@ -281,10 +281,14 @@ class TensorDataModule(LightningDataModule):
         self.batch_augment = batch_augment
         self._device_copies: dict[int, tuple[Tensor, Tensor]] = {}
         self._batches_seen: dict[tuple[str, int], int] = {}  # per (stage, epoch): names a bad batch
-        self.resume_position: tuple[int, int] | None = None  # (epoch, samples done), set by ExactResume
+        self.resume_position: tuple[int, int] | None = None  # (epoch, samples done), from resume_at
         self.train_set: SampleDataset | None = None
         self.val_set: SampleDataset | None = None
         self.test_set: SampleDataset | None = None
+
+    def resume_at(self, epoch: int, samples: int) -> None:
+        """The next training loader starts at ``samples`` into epoch ``epoch``'s order (ExactResume calls it)."""
+        self.resume_position = (epoch, samples)
 
     def load(self) -> None:
         """Fill ``train_set``, ``val_set`` and ``test_set`` (with :meth:`make_dataset`); override per dataset."""

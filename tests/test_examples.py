@@ -1,0 +1,97 @@
+"""Every research example through every command: fit, a mid-epoch stop and its exact resume, test and predict
+from the checkpoint alone, a 2-seed multirun, a 2-trial sweep, an export (and inference on files where the input
+is one) and the run read back by ``kiln.results``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from kiln import results
+from kiln.commands.boundary import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2",
+         "--trainer.limit_test_batches=2", "--trainer.limit_predict_batches=2", "--trainer.logger=false",
+         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+# example -> (its experiment, the columns predictions.csv starts with, what its export takes)
+EXAMPLES = {
+    "digits": ("digits", ["index", "label", "predicted", "p0"], "float32"),
+    "regression": ("friedman", ["index", "target", "prediction"], "float32"),
+    "language_model": ("sentences", ["index", "input", "predicted", "target"], "int64"),
+}
+
+
+class StopAt(Callback):
+    """Sends this process a SIGTERM once training reaches ``step``, as a cluster's time limit would."""
+
+    def __init__(self, step: int = 8) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def last(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+
+
+def newest(root: Path, pattern: str) -> Path:
+    return sorted(root.glob(pattern))[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", list(EXAMPLES))
+def test_every_command_serves_the_example(example: str, tmp_path: Path) -> None:
+    experiment, columns, dtype = EXAMPLES[example]
+    args = ["-c", str(CONFIGS / "experiment" / f"{experiment}.yaml"), *SHORT]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    main(["fit", *args, "--run.root", str(whole)])
+    with pytest.raises(SystemExit) as stop:  # a SIGTERM mid-epoch saves at the step, then the same command resumes
+        main(["fit", *args, "--run.root", str(stopped), "--trainer.callbacks+=test_examples.StopAt"])
+    assert stop.value.code == 143
+    run = newest(stopped, f"{experiment}/2*")
+    assert last(run)["global_step"] == 8  # epoch 1, batch 2 of 6
+    main(["fit", *args, "--run.root", str(stopped), "--ckpt_path", "last"])
+    a, b = last(newest(whole, f"{experiment}/2*")), last(run)
+    assert a["global_step"] == b["global_step"] == 12
+    assert all(torch.equal(value, b["state_dict"][key]) for key, value in a["state_dict"].items())  # bitwise
+
+    checkpoint = run / "checkpoints" / "last.ckpt"  # alone: no config given
+    main(["test", "--ckpt_path", str(checkpoint), *SHORT[-3:]])
+    main(["predict", "--ckpt_path", str(checkpoint), *SHORT[-3:], "--trainer.limit_predict_batches=1"])
+    with newest(tmp_path / "runs", f"{experiment}/predict-*/predictions.csv").open() as f:
+        table = list(csv.reader(f))
+    assert table[0][: len(columns)] == columns and len(table) > 1
+
+    main(["multirun", "--seeds", "0-1", "--root", str(tmp_path / "multirun"), "--", *args])
+    assert len(results.multirun(newest(tmp_path / "multirun", "*"))) > 0
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(json.dumps({"name": example, "metric": "val/loss", "n_trials": 2, "args": args, "space": {
+        "model.init_args.optimizer.init_args.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}))  # fmt: skip
+    main(["sweep", "-c", str(sweep), "--root", str(tmp_path / "sweeps")])
+    assert [t.state.name for t in results.sweep(tmp_path / "sweeps" / example).trials] == ["COMPLETE"] * 2
+
+    main(["export", "--ckpt_path", str(checkpoint), "--format", "onnx", "--samples", "64"])
+    parity = json.loads((run / "export" / "parity.json").read_text())
+    assert parity["onnx"]["64"]["max_abs_diff"] < 1e-4  # the module's own forward: no softmax added
+    assert ("top1_agreement" in parity["onnx"]["64"]) == (example == "digits")  # top-1 for a classifier only
+    assert json.loads((run / "export" / "preprocess.json").read_text())["dtype"] == dtype
+    if example == "regression":  # samples in a file: kiln infer, without torch
+        np.save(tmp_path / "x.npy", np.random.default_rng(0).random((3, 10), dtype=np.float32))
+        main(["infer", "--model", str(run / "export" / "model.onnx"), "--output", str(tmp_path / "p.csv"),
+              str(tmp_path / "x.npy")])  # fmt: skip
+        assert (tmp_path / "p.csv").read_text().splitlines()[0] == "path,sample,prediction"
+
+    listed = results.runs(stopped)
+    assert set(listed.status) == {"finished"} and "val/loss @best" in listed
+    assert "train/loss" in results.history(run) if results.log_files(run)[0] else True
