@@ -42,9 +42,9 @@ def test_a_folder_of_pngs_trains_with_class_names_from_folders_and_predicts_by_f
     assert data.class_names == tuple(NAMES) and data.num_classes == 3 and fit.model.num_classes == 3
     assert isinstance(data.train_set, ImageFiles) and fit.trainer.global_step == 1
     sizes = [len(data.train_set), len(data.val_set), len(data.test_set)]
-    assert sizes == [42, 6, 12]  # val 10%, test 20% (train.yaml's, carried over) of each class: stratified
+    assert sizes == [48, 6, 6]  # val 10%, test 10% of each class (its own defaults, not the digits'): stratified
     assert sorted(data.val_set.targets.tolist()) == [0, 0, 1, 1, 2, 2]
-    assert sorted(data.test_set.targets.tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+    assert sorted(data.test_set.targets.tolist()) == [0, 0, 1, 1, 2, 2]
     ckpt = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     fit.trainer.save_checkpoint(ckpt)
     unlabelled = pngs.parent / "unlabelled"

@@ -38,7 +38,7 @@ def test_a_saved_image_dataset_trains_with_names_from_its_class_label(tmp_path: 
     data = cli.datamodule
     assert data.class_names == tuple(DIGIT_NAMES) and cli.model.num_classes == 3 and cli.model.net.in_channels == 1
     assert data.input_shape == (1, 8, 8) and cli.trainer.state.finished
-    assert [len(data.train_set), len(data.val_set), len(data.test_set)] == [63, 9, 18]  # train.yaml's 10% / 20%
+    assert [len(data.train_set), len(data.val_set), len(data.test_set)] == [72, 9, 9]  # its own 10% / 10%, not digits'
     assert "test/acc" in (cli.test_metrics or {})
 
 

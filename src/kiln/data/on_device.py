@@ -41,8 +41,9 @@ def to_unit_float(inputs: Tensor) -> Tensor:
 
 
 def normalised(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """``(x - mean) / std`` for float inputs; integer ones (token ids) pass as they are."""
-    return (x - mean) / std if torch.is_floating_point(x) else x
+    """``(x - mean) / std`` for float inputs; integer ones (token ids) as they are (a copy: made outside inference
+    mode, it is an ordinary tensor that autograd may save, as the float result is)."""
+    return (x - mean) / std if torch.is_floating_point(x) else x.clone()
 
 
 def stats_view(values: Sequence[float], sample_shape: Sequence[int], name: str) -> Tensor:

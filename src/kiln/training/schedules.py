@@ -9,14 +9,15 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from kiln.console import say
+from kiln.errors import ConfigError
 
 
 class WarmupCosineLR(LambdaLR):
     """Linear warm-up from ~0 to the base LR, then cosine decay to ``min_lr_ratio`` x base LR.
 
-    Step it every optimizer step. With ``total_steps=None``, the LightningModule
-    calls :meth:`set_total_steps` with the Trainer's estimate, so the schedule follows
-    ``max_epochs`` without editing YAML.
+    Step it every optimizer step. With ``total_steps=None``, :func:`optimization` (a module's
+    ``configure_optimizers``) calls :meth:`set_total_steps` with the Trainer's estimate, so the
+    schedule follows ``max_epochs`` without editing YAML.
 
     Args:
         optimizer: The wrapped optimizer.
@@ -63,3 +64,20 @@ class WarmupCosineLR(LambdaLR):
         if follows and total != self.total_steps:
             say(f"learning-rate schedule: {total} steps for this run (the checkpoint's run had {self.total_steps})")
             self.total_steps, self._follows_trainer = total, True
+
+
+def optimization(trainer: Any, optimizer: Optimizer, scheduler: Any, interval: str = "step") -> Any:
+    """What ``configure_optimizers`` returns for an optimizer and the scheduler a config built for it (``None``:
+    a constant LR): a ``WarmupCosineLR`` without a length runs as long as the Trainer's run, and is refused in one
+    line when stepped per epoch (its length is in optimizer steps)."""
+    if scheduler is None:
+        return optimizer
+    if isinstance(scheduler, WarmupCosineLR) and interval != "step":
+        raise ConfigError(
+            "model.scheduler_interval: epoch steps WarmupCosineLR once per epoch, but its length is in optimizer "
+            "steps: the warm-up would span the whole run and the learning rate never decay. Use "
+            "scheduler_interval: step, or a per-epoch schedule (torch.optim.lr_scheduler.CosineAnnealingLR)"
+        )
+    if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
+        scheduler.set_total_steps(int(trainer.estimated_stepping_batches))
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}

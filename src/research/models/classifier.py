@@ -16,7 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from kiln.console import say
 from kiln.errors import ConfigError
-from kiln.training.schedules import WarmupCosineLR
+from kiln.training.schedules import WarmupCosineLR, optimization
 from research.models.backbone import drop_gradients, hold_statistics, param_groups, split
 
 Batch = tuple[Tensor, Tensor]
@@ -192,15 +192,5 @@ class Classifier(LightningModule):
         else:
             optimizer = self.optimizer_factory(param_groups(self.net, "model.backbone_lr_ratio"))
             optimizer.param_groups[0]["lr"] *= self.backbone_lr_ratio  # before the scheduler reads its base LRs
-        if self.scheduler_factory is None:
-            return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        if isinstance(scheduler, WarmupCosineLR) and self.scheduler_interval != "step":
-            raise ConfigError(
-                "model.scheduler_interval: epoch steps WarmupCosineLR once per epoch, but its length is in optimizer "
-                "steps: the warm-up would span the whole run and the learning rate never decay. Use "
-                "scheduler_interval: step, or a per-epoch schedule (torch.optim.lr_scheduler.CosineAnnealingLR)"
-            )
-        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-            scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+        scheduler = self.scheduler_factory(optimizer) if self.scheduler_factory is not None else None
+        return optimization(self.trainer, optimizer, scheduler, self.scheduler_interval)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from kiln.training.schedules import WarmupCosineLR
+from kiln.training.schedules import optimization
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
@@ -133,9 +133,4 @@ class LanguageModel(LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer(self.parameters())
-        if self.scheduler is None:
-            return optimizer
-        scheduler = self.scheduler(optimizer)
-        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-            scheduler.set_total_steps(int(self.trainer.estimated_stepping_batches))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return optimization(self.trainer, optimizer, self.scheduler(optimizer) if self.scheduler else None)
