@@ -13,6 +13,13 @@ LOGGER ?=
 DEBUG ?=
 ARGS ?=
 SWEEP ?= digits
+# tests in TEST_WORKERS processes of one thread each (torch's own threads would only contend for the cores);
+# every run of a test, and the runs it starts, see the same thread count: CPU results stay bitwise comparable
+TEST_WORKERS ?= 2
+PYTEST = OMP_NUM_THREADS=1 $(UV) run --no-sync pytest -n $(TEST_WORKERS) --dist worksteal
+# the template runs its engine suite, which generates a project and runs that project's own `make test` (the
+# research package's tests and notebooks, renamed); a generated project has no tests/engine: its tests run here
+SUITE = $(if $(wildcard tests/engine),tests/engine,)
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
@@ -38,11 +45,11 @@ train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, D
 sweep: ## Hyper-parameter sweep of configs/sweep/$(SWEEP).yaml (rerun to continue it; ARGS='--report' for the table only)
 	$(UV) run --no-sync kiln sweep -c configs/sweep/$(SWEEP).yaml $(ARGS)
 
-test: ## Run the whole test suite, as CI does (GPU tests skip without CUDA)
-	$(UV) run --no-sync pytest
+test: ## Run the whole test suite, as CI does (GPU tests skip without CUDA); in the template, the engine's suite
+	$(PYTEST) $(SUITE)
 
 test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook (nor its plugin: 1.3 s to import)
-	$(UV) run --no-sync pytest -m "not slow and not gpu" -p no:nbmake -o addopts="-ra --strict-markers --durations=15" tests
+	$(PYTEST) -m "not slow and not gpu" -p no:nbmake -o addopts="-ra --strict-markers --durations=15" tests
 
 test-gpu: ## Run only the GPU tests (needs CUDA)
 	$(UV) run --no-sync pytest -m gpu
