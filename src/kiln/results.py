@@ -43,7 +43,7 @@ def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def _raw_config(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / "config.yaml"
+    path = layout(run_dir).config
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
@@ -71,7 +71,7 @@ def status(run_dir: str | Path) -> tuple[str, str]:
 
 def run_folders(root: str | Path = "runs") -> list[Path]:
     """Every run folder under ``root`` (a folder with a ``config.yaml``: fits, trials, multirun runs), oldest first."""
-    found = [p.parent for p in Path(root).glob("**/config.yaml") if "wandb" not in p.parts]
+    found = [p.parent for p in Path(root).glob(f"**/{layout('').config.name}") if "wandb" not in p.parts]
     return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
 
 

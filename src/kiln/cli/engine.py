@@ -54,6 +54,7 @@ from kiln.runs.folders import (
     nothing_to_train,
     partial_data,
     resolve_run_dir,
+    run_of,
 )
 from kiln.runs.provenance import write_environment
 from kiln.training.checkpointing import remove_stale_temporaries
@@ -234,10 +235,10 @@ class KilnCLI(LightningCLI):
             else:
                 self._checkpoint = read_checkpoint(found)  # a one-line CheckpointError naming the file
                 if subcommand == "fit":
-                    self._refuse_finished(self._checkpoint, config, found.parent.parent)
+                    self._refuse_finished(self._checkpoint, config, run_of(found))
                 print(f"resuming from {found}", file=sys.stderr)
             config.ckpt_path = str(found) if found else None
-            self.resume_dir = found.parent.parent if found else None
+            self.resume_dir = run_of(found) if found else None
         elif ckpt_path not in (None, "best", "hpc"):
             self._checkpoint = read_checkpoint(ckpt_path)  # a one-line CheckpointError naming the file
         if subcommand != "fit" and self._checkpoint is not None:

@@ -22,6 +22,7 @@ from kiln.cli.moved import rehome_checkpoint
 from kiln.cli.resume_check import flat, init_only, saved_model
 from kiln.errors import UsageError
 from kiln.process.secrets import REDACTED
+from kiln.runs.folders import layout, run_of
 from kiln.training.checkpointing import load_checkpoint_file
 
 BUILT_FROM = ("model", "data")
@@ -64,7 +65,7 @@ def net_without_init_only(net: Any) -> Any:
 def _run_name(ckpt_path: Path) -> str | None:
     """The experiment name in the run folder's ``config.yaml``: results go beside the run's own."""
     try:
-        run = (yaml.safe_load((ckpt_path.parent.parent / "config.yaml").read_text()) or {}).get("run") or {}
+        run = (yaml.safe_load(layout(run_of(ckpt_path)).config.read_text()) or {}).get("run") or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return run.get("name")

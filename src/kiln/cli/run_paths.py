@@ -37,7 +37,7 @@ def is_a(node: Namespace, base: type) -> bool:
 def _run_folder_of(path: Path) -> Path | None:
     """The run folder ``path`` lies in (a folder with a ``config.yaml``, or ``checkpoints/``), if any."""
     for folder in (path, *path.parents):
-        if (folder / "config.yaml").is_file() or layout(folder).checkpoints.is_dir():
+        if layout(folder).config.is_file() or layout(folder).checkpoints.is_dir():
             return folder
     return None
 

@@ -9,11 +9,12 @@ from typing import Any
 from kiln.commands.arguments import OneLineParser
 from kiln.errors import UsageError
 from kiln.results import UNSET, changed, config, flat
+from kiln.runs.folders import layout
 
 
 def environment(run_dir: Path) -> dict[str, Any]:
     """A run's ``env.json``, flattened (the command start time and machine load left out: they always differ)."""
-    path = run_dir / "env.json"
+    path = layout(run_dir).environment
     record = json.loads(path.read_text()) if path.is_file() else {}
     record.pop("started", None)
     return {k: v for k, v in flat(record).items() if not k.startswith("code.")}
@@ -26,8 +27,8 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def code_differences(a: Path, b: Path) -> list[str]:
     """The commit, dirty flag and uncommitted changes (``code.diff``) of two runs, where they differ."""
-    code = [json.loads((d / "env.json").read_text()).get("code", {}) if (d / "env.json").is_file() else {}
-            for d in (a, b)]  # fmt: skip
+    envs = [layout(d).environment for d in (a, b)]
+    code = [json.loads(e.read_text()).get("code", {}) if e.is_file() else {} for e in envs]
     lines = differences({k: v for k, v in code[0].items() if k != "untracked"},
                         {k: v for k, v in code[1].items() if k != "untracked"})  # fmt: skip
     diffs = [(d / "code.diff").read_text() if (d / "code.diff").is_file() else "" for d in (a, b)]
@@ -45,14 +46,14 @@ def diff_command(args: list[str]) -> None:
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN", help="two run folders (runs/<name>/<timestamp>)")
     first, second = parser.parse_args(args).runs
     for run_dir in (first, second):
-        if not (run_dir / "config.yaml").is_file():
+        if not layout(run_dir).config.is_file():
             raise UsageError(f"{run_dir}: not a run folder (no config.yaml); give two folders under runs/<name>/")
     sections = {
         "config": differences(config(first), config(second)),
         "environment": differences(environment(first), environment(second)),
         "code": code_differences(first, second),
     }
-    if not (first / "env.json").is_file() or not (second / "env.json").is_file():
+    if not (layout(first).environment.is_file() and layout(second).environment.is_file()):
         sections["environment"].insert(0, "(a run without env.json: written by an older kiln)")
     print(f"{first} -> {second}")
     for name, lines in sections.items():

@@ -43,10 +43,25 @@ class RunLayout:
     def wandb(self) -> Path:
         return self.root / "wandb"
 
+    @property
+    def config(self) -> Path:
+        """The config the run was resolved to (``kiln fit -c`` it to start another from it)."""
+        return self.root / "config.yaml"
+
+    @property
+    def environment(self) -> Path:
+        """``env.json``: the code, lock, versions, machine and data the run had (``kiln.runs.provenance``)."""
+        return self.root / "env.json"
+
 
 def layout(run_dir: str | Path) -> RunLayout:
     """The layout of the run folder ``run_dir`` (a Trainer's ``default_root_dir``)."""
     return RunLayout(Path(run_dir))
+
+
+def run_of(checkpoint: str | Path) -> Path:
+    """The run folder a checkpoint of it sits in (``<run>/checkpoints/<file>``)."""
+    return Path(checkpoint).parent.parent
 
 
 def read_metrics(run_dir: str | Path) -> dict[str, Any]:
@@ -202,7 +217,7 @@ def run_partial_data(run_dir: Path) -> str | None:
     """:func:`partial_data` of the run in ``run_dir``, from its ``config.yaml`` (``None`` without one)."""
     import yaml
 
-    config = run_dir / "config.yaml"
+    config = layout(run_dir).config
     try:
         trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") if config.is_file() else None
     except (OSError, yaml.YAMLError):
@@ -247,7 +262,7 @@ def latest_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> 
     pattern = f"{job or '*'}/{RunLayout.CHECKPOINTS}"
     found = [*runs.glob(f"{pattern}/{RunLayout.LAST}"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
     for checkpoint in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
-        if pick is None or pick.accepts(checkpoint.parent.parent):
+        if pick is None or pick.accepts(run_of(checkpoint)):
             return checkpoint
     return None
 

@@ -19,6 +19,7 @@ import yaml
 
 from kiln.files import written_whole
 from kiln.process.secrets import REDACTED, is_secret_name, redact
+from kiln.runs.folders import layout
 
 SAMPLED_FILES = 64  # files of a file-backed split whose bytes are hashed (all of them up to this many)
 
@@ -156,7 +157,7 @@ def write_environment(run_dir: Path, datamodule: Any, argv: list[str] | None = N
         "machine": {"host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "data": data_fingerprint(datamodule) if datamodule is not None else None,
     }
-    with written_whole(run_dir / "env.json") as partial:
+    with written_whole(layout(run_dir).environment) as partial:
         partial.write_text(json.dumps(record, indent=2) + "\n")
     diff_file = run_dir / "code.diff"
     if diff:

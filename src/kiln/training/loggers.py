@@ -136,7 +136,7 @@ class Wandb(WandbLogger):
 
         callbacks = [c for c in self._checkpoint_callbacks.values() if getattr(c, "best_model_path", "")]
         best = Path(callbacks[0].best_model_path) if callbacks else None
-        run_dir = best.parent.parent if best is not None else folders.current_run_dir()  # <run>/checkpoints/<file>
+        run_dir = folders.run_of(best) if best is not None else folders.current_run_dir()
         if run_dir is None:
             return
         last = folders.layout(run_dir).last
@@ -164,8 +164,8 @@ def checkpoint_metadata(path: Path, run_dir: Path, checkpoint_callback: Any | No
     from kiln.training.checkpointing import load_checkpoint_file
 
     state = load_checkpoint_file(path, mmap=True)
-    config = run_dir / "config.yaml"
-    environment = json.loads((run_dir / "env.json").read_text()) if (run_dir / "env.json").is_file() else {}
+    config, env = folders.layout(run_dir).config, folders.layout(run_dir).environment
+    environment = json.loads(env.read_text()) if env.is_file() else {}
     metadata: dict[str, Any] = {
         "file": path.name, "run": str(run_dir), "epoch": state.get("epoch"), "global_step": state.get("global_step"),
         "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None,

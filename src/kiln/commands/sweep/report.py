@@ -15,12 +15,13 @@ from rich.table import Table
 from kiln.commands.sweep.inprocess import describe
 from kiln.commands.sweep.space import Sweep
 from kiln.files import written_whole
+from kiln.runs.folders import layout
 
 
 def _run_folder(trial: Any) -> Path | None:
     """The newest run folder of the trial (resumes continue in it)."""
     folder = Path(trial.user_attrs.get("run", ""))
-    found = sorted(p for p in folder.glob("*") if (p / "config.yaml").is_file()) if folder.is_dir() else []
+    found = sorted(p for p in folder.glob("*") if layout(p).config.is_file()) if folder.is_dir() else []
     return found[-1] if found else None
 
 
@@ -55,7 +56,7 @@ def best_run(study: Any) -> tuple[Any, Path, dict[str, Any]] | None:
     except ValueError:
         return None
     run_dir = _run_folder(best)
-    return (best, run_dir, yaml.safe_load((run_dir / "config.yaml").read_text())) if run_dir is not None else None
+    return (best, run_dir, yaml.safe_load(layout(run_dir).config.read_text())) if run_dir is not None else None
 
 
 def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> Path:
