@@ -91,7 +91,7 @@ def test_a_run_failing_before_its_first_checkpoint_leaves_no_folder(capsys: pyte
 
 
 def test_a_failed_command_never_removes_an_earlier_commands_folder(capsys: pytest.CaptureFixture) -> None:
-    main(["test", *QUIET])  # a successful command whose folder holds no checkpoint (a notebook's earlier cell)
+    build_cli([*QUIET], run=False)  # a folder that holds no checkpoint (a notebook's earlier cell)
     (tested,) = Path("runs/digits").iterdir()
     assert exit_code(["fit", "--trainer.max_epoch", "1"]) == 2  # fails before it has a folder of its own
     assert tested.is_dir() and "removed" not in capsys.readouterr().err
@@ -243,3 +243,14 @@ def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on
     assert len(done.stderr.splitlines()) < 100
     (run,) = (tmp_path / "runs" / "digits").iterdir()
     assert "test" in json.loads((run / "metrics.json").read_text())  # the test after fit ran and was recorded
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_evaluating_without_a_checkpoint_is_refused_in_one_line(command: str, capsys: pytest.CaptureFixture) -> None:
+    """It scored the untrained network and said finished (test/acc 0.0919, exit 0)."""
+    assert exit_code([command, *QUIET]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: kiln {command}: no --ckpt_path, so it would score an untrained network")
+    assert not Path("runs").exists()  # no run folder
+    assert exit_code([command, *QUIET, "--ckpt_path", "last"]) == 2  # and `last` that finds none says so
+    assert "--ckpt_path last: no checkpoint under" in capsys.readouterr().err

@@ -231,6 +231,8 @@ class KilnCLI(LightningCLI):
                 print(note, file=sys.stderr)
             if found is None:
                 where = Path(config.run.root).resolve() / config.run.name
+                if subcommand != "fit":
+                    raise UsageError(f"--ckpt_path last: no checkpoint under {where}; name the file, or train first")
                 print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
             else:
                 self._checkpoint = read_checkpoint(found)  # a one-line CheckpointError naming the file
@@ -347,6 +349,11 @@ class KilnCLI(LightningCLI):
         self.links.note(config, settings)
         if why := missing_gpu(config.trainer, settings):  # before a run folder exists
             raise ConfigError(why)
+        if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
+            raise UsageError(
+                f"kiln {self.subcommand}: no --ckpt_path, so it would score an untrained network; name the weights: "
+                "--ckpt_path <file>, best, last, or wandb:<entity>/<project>/<artifact>:<alias>"
+            )
         if self.subcommand == "fit" and (setting := nothing_to_train(config.trainer)):
             raise UsageError(f"{setting}: fit would train nothing and test an untrained network; give a positive "
                              "value (`kiln test --ckpt_path <file>` tests a trained one)")  # fmt: skip
