@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,22 @@ def test_progress_bar_reads_metrics_at_most_refresh_rate_times_a_second(monkeypa
     cli.trainer.fit_loop.max_epochs = 3
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert reads.count(True) >= 12  # with time passing, every batch reads again
+
+
+def test_each_logged_test_says_which_weights_it_scored(tmp_path: Path) -> None:
+    """run.test_ckpt both logged two test rows under the same epoch and step, with nothing telling them apart."""
+    callbacks = tmp_path / "worst_is_best.yaml"  # the list replaces the default's: best is an early epoch
+    callbacks.write_text("trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+                         "      init_args: {monitor: val/loss, mode: max}\n    - kiln.callbacks.LastCheckpoint\n"
+                         "    - kiln.callbacks.RunMetrics\n")  # fmt: skip
+    worst_is_best = ["-c", str(callbacks)]
+    cli = build_cli(["fit", *SHORT[:-2], "--trainer.max_epochs", "3", "--trainer.logger", "kiln.training.loggers.Csv",
+                     "--run.test_ckpt", "both", *worst_is_best])  # fmt: skip
+    run_dir = Path(cli.trainer.default_root_dir)
+    tested = json.loads((run_dir / "metrics.json").read_text())["test"]
+    with (run_dir / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("test/acc")]
+    assert len(tested) == 2 and tested[0]["step"] < tested[1]["step"]
+    assert [int(float(r["test/weights_step"])) for r in rows] == [t["step"] for t in tested]
+    assert [float(r["test/acc"]) for r in rows] == pytest.approx([t["metrics"]["test/acc"] for t in tested])
+    assert all("test/weights_step" not in t["metrics"] for t in tested)  # metrics.json says it as `step`

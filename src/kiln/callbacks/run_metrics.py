@@ -10,7 +10,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from kiln.errors import Preempted, Stopped
 from kiln.runs.folders import record_status
-from kiln.training.testing import update_metrics
+from kiln.training.testing import WEIGHTS_STEP, update_metrics, weights_step
 
 
 class RunMetrics(Callback):
@@ -27,6 +27,12 @@ class RunMetrics(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.monotonic()
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Every logged test says which weights it scored: the optimizer step of the tested checkpoint (or of
+        the weights in memory) beside its metrics, in the same row of ``metrics.csv``, W&B and TensorBoard."""
+        step = weights_step(trainer.ckpt_path) if trainer.ckpt_path else trainer.global_step
+        pl_module.log(WEIGHTS_STEP, float(step if step is not None else -1), sync_dist=False)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:

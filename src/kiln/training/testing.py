@@ -19,7 +19,11 @@ from kiln.wandb.mode import finish_wandb
 TestChoice = Literal["best", "last", "both"]
 
 
-def _step(path: str) -> int | None:
+WEIGHTS_STEP = "test/weights_step"  # logged with each test (RunMetrics): the step of the weights it scored
+
+
+def weights_step(path: str | Path) -> int | None:
+    """The optimizer step a checkpoint was saved at."""
     return load_checkpoint_file(path, mmap=True).get("global_step")
 
 
@@ -32,10 +36,10 @@ def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str,
         return [("final weights", None, trainer.global_step)]
     if choice == "best" or last is None:
         path = best or last
-        return [("best" if best else "last", path, _step(path))]  # type: ignore[arg-type]
+        return [("best" if best else "last", path, weights_step(path))]  # type: ignore[arg-type]
     if choice == "last" or best is None:
-        return [("last", last, _step(last))]
-    best_step, last_step = _step(best), _step(last)
+        return [("last", last, weights_step(last))]
+    best_step, last_step = weights_step(best), weights_step(last)
     if best_step == last_step:
         return [("best = last", best, best_step)]
     return [("best", best, best_step), ("last", last, last_step)]
@@ -48,7 +52,8 @@ def test_after_fit(
     results = []
     for label, path, step in checkpoints_to_test(trainer, choice):
         out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
-        results.append(TestResult(label, path, step, dict(out[0]) if out else {}))
+        metrics = {k: v for k, v in (out[0] if out else {}).items() if k != WEIGHTS_STEP}  # `step` says it there
+        results.append(TestResult(label, path, step, metrics))
     run_dir = Path(trainer.default_root_dir)
     if trainer.is_global_zero:
         write_metrics(run_dir, trainer, results)
