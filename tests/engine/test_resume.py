@@ -453,3 +453,26 @@ def test_a_plain_datamodule_resumes_mid_epoch_with_one_line_saying_it_is_not_exa
         "data again (some samples twice, some not at all); give the datamodule resume_at(epoch, samples) for an "
         "exact resume (kiln.training.contracts; kiln.data.ResumableSampler does it)"
     ]
+
+
+@pytest.mark.slow
+def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_runs(tmp_path: Path) -> None:
+    """Saved at the next batch's start, the checkpoint made Lightning count the last step again: every later row
+    of metrics.csv one step off (val rows at 20, 30 for 19, 29), an epoch's last train/loss row lost."""
+    command = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches",
+               "10", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "2", "--trainer.logger",
+               "kiln.training.loggers.Csv", "--run.test_after_fit", "false", "--data.num_workers", "0"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=16",
+             "--trainer.callbacks.name=SIGUSR1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+
+    def run(root: str, *extra: str) -> int:
+        done = subprocess.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        return done.returncode
+
+    assert run("whole") == 0
+    assert run("cut", *probe) == 138
+    assert run("cut", *probe, "--ckpt_path", "last") == 0
+    (whole,), (cut,) = (list((tmp_path / root).glob("digits/*/metrics.csv")) for root in ("whole", "cut"))
+    assert cut.read_text() == whole.read_text()

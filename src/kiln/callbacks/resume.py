@@ -149,6 +149,7 @@ class ExactResume(Callback):
 
 
 VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (README: private APIs)
+TRAINING_PROGRESS = "epoch_loop.batch_progress"
 
 
 def _stage(trainer: Trainer) -> str:
@@ -183,6 +184,7 @@ class PreemptionCheckpoint(Callback):
     def __init__(self) -> None:
         self.saved: Path | None = None
         self._cut_validation = False
+        self._before_batch = False  # saving at a batch's start: Lightning has fetched it, not begun it
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
         owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
@@ -198,7 +200,11 @@ class PreemptionCheckpoint(Callback):
         _stop_on_an_early_sigterm(trainer)
         if stop_signals.received() != "SIGUSR1":
             return
-        self._save(trainer, "SIGUSR1")
+        self._before_batch = True
+        try:
+            self._save(trainer, "SIGUSR1")
+        finally:
+            self._before_batch = False
         _requeue(trainer)
         raise Preempted(f"SIGUSR1 after step {trainer.global_step}")
 
@@ -223,6 +229,13 @@ class PreemptionCheckpoint(Callback):
         self._stop_evaluation(trainer, args[1])
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._before_batch:
+            # the batch whose start this is was fetched ("ready") but never begun: saved as such, Lightning would
+            # take the checkpoint for one written inside the previous batch and count that batch's step again
+            # (a resumed run's logs one step off the uninterrupted run's, its val rows at 30, 40 for 29, 39)
+            progress = checkpoint["loops"]["fit_loop"][TRAINING_PROGRESS]
+            for part in ("total", "current"):
+                progress[part]["ready"] = progress[part]["started"]
         if self._cut_validation:
             # Lightning resumes an evaluation cut inside a batch from its last completed batch, and one
             # cut between batches not at all; the metrics of the batches before the cut are not saved,
