@@ -88,3 +88,16 @@ def test_a_model_built_in_python_trains_like_the_default_config() -> None:
     schedules = [m.scheduler_factory(o) for m, o in zip(models, optimizers, strict=True) if m.scheduler_factory]
     settings = [(s.warmup_fraction, s.min_lr_ratio, s.total_steps) for s in schedules if isinstance(s, WarmupCosineLR)]
     assert len(settings) == 2 and settings[0] == settings[1]
+
+
+def test_the_test_loss_is_the_mean_over_samples_not_over_batches() -> None:
+    """A batch of 5 and one of 3: the epoch's loss weighs each sample once (it was the mean of the batch means)."""
+    torch.manual_seed(0)
+    model = Classifier(net=SmallCNN(num_classes=4), num_classes=4).eval()
+    batches = [(torch.randn(n, 1, 8, 8), torch.randint(0, 4, (n,))) for n in (5, 3)]
+    with torch.inference_mode():
+        for i, batch in enumerate(batches):
+            model.test_step(batch, i)
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        expected = torch.nn.functional.cross_entropy(model(x), y)
+    assert float(model.test_loss.compute()) == pytest.approx(float(expected), rel=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     common = [*EXACT, "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1.0"]
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
     ddp_args = ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--data.batch_size", "32",
-                "--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--run.test_after_fit", "false",
+                "--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--run.test_ckpt", "last",
                 "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}",
                 "--run.root", str(tmp_path / "runs")]  # fmt: skip
     done = subprocess.run(
@@ -119,6 +120,12 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     for metric in ("val/loss", "val/acc"):
         assert rank0["metrics"][metric] == pytest.approx(float(single.trainer.callback_metrics[metric]), abs=1e-4)
         assert rank1["metrics"][metric] == pytest.approx(rank0["metrics"][metric], abs=1e-6)
+    # the test after fit on 2 ranks scores each of the 359 test digits once (padded, it scored 360: 41/360 for 41/359)
+    (ddp_test,) = json.loads((run_dir / "metrics.json").read_text())["test"]
+    alone = build_cli(["test", "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"), "--trainer.logger", "false",
+                       "--run.root", str(tmp_path / "alone")])  # fmt: skip
+    for metric in ("test/acc", "test/loss"):
+        assert ddp_test["metrics"][metric] == pytest.approx(float(alone.trainer.callback_metrics[metric]), abs=1e-6)
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from kiln.data.on_device import (
     stats_view,
     to_unit_float,
 )
-from kiln.data.sampling import ResumableSampler
+from kiln.data.sampling import EvaluationShard, ResumableSampler
 from kiln.errors import ConfigError, DataError, HealthCheckError
 from kiln.process.stop_signals import worker_init_fn
 
@@ -377,10 +377,13 @@ class TensorDataModule(LightningDataModule):
                 sampler.skip, self.resume_position = samples, None
         if self.on_device:
             return self._device_loader(dataset, sampler)
+        shard = None
+        if not train and trainer is not None and trainer.world_size > 1:  # every sample once, never a padded repeat
+            shard = EvaluationShard(dataset, trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            sampler=sampler,
+            sampler=sampler or shard,
             num_workers=self.num_workers,
             pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs

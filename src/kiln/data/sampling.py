@@ -32,3 +32,20 @@ class ResumableSampler(DistributedSampler):
         skip, self.skip = self.skip, 0
         epoch = self.epoch
         return iter([(epoch, i) for i in indices[skip:]])
+
+
+class EvaluationShard(DistributedSampler):
+    """This rank's share of a validation or test set, in order and without padding: every sample counted once.
+
+    Lightning's ``DistributedSampler`` pads the set to a multiple of the ranks, repeating samples: on 2 ranks
+    the 359 test digits were scored as 360. Ranks may get one sample more or less; torchmetrics and
+    epoch-level ``self.log`` reduce over what each holds. Being a ``DistributedSampler``, Lightning keeps it.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))

@@ -163,7 +163,9 @@ class Classifier(LightningModule):
         """Accumulate on the device; the epoch-end hooks log once (no ``self.log`` per batch)."""
         x, y = batch
         logits = self(x)
-        loss.update(self._loss(logits, y), weight=len(y))
+        # each sample's loss: torchmetrics' MeanMetric drops `weight` under nan_strategy="disable", so a batch mean
+        # weighted by its size would count the epoch's last, smaller batch as a full one
+        loss.update(F.cross_entropy(logits, y, label_smoothing=self.label_smoothing, reduction="none"))
         accuracy.update(logits, y)
         return logits
 
