@@ -72,7 +72,8 @@ class LanguageModel(LightningModule):
         self.embed, self.position = nn.Embedding(vocab_size, width), nn.Embedding(block_size, width)
         self.blocks = nn.Sequential(*(Block(width, heads, dropout) for _ in range(depth)))
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab_size)
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()  # per character, over every rank
+        self.val_loss = MeanMetric(nan_strategy="disable")  # per character, over every rank; NaN kept, not dropped
+        self.test_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MulticlassAccuracy(vocab_size, average="micro")
         self.test_acc = MulticlassAccuracy(vocab_size, average="micro")
 
