@@ -128,3 +128,28 @@ def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.Captu
     err = capsys.readouterr().err
     assert err.count("add --subprocess") == 2  # the run's line and the command's: not once per seed
     assert not Path("runs/multirun").exists()  # no empty folders left behind
+
+
+@pytest.mark.slow
+def test_a_stopped_multirun_sums_up_what_finished_and_its_rerun_resumes_the_cut_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rerun trained the cut run again from scratch in a new folder, and the stop wrote no aggregate."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=7",
+             "--trainer.callbacks.only_in=seed1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    command = ["multirun", "--seeds", "0-1", "--", *LIMIT, *QUIET, *probe]
+    with pytest.raises(SystemExit) as stop:
+        main(command)
+    assert stop.value.code == 143
+    root = Path("runs/multirun/multirun")
+    with (root / "results.csv").open() as f:
+        assert {int(r["n"]) for r in csv.DictReader(f)} == {1}  # seed0, finished before the stop
+    (cut,) = root.glob("base/seed1/2*")
+    capsys.readouterr()
+    main(command)
+    assert f"base/seed1: resuming the run a stop cut short ({cut}) from its last.ckpt" in capsys.readouterr().err
+    assert list(root.glob("base/seed1/2*")) == [cut]  # in its own folder, to the end
+    assert json.loads((cut / "metrics.json").read_text())["global_step"] == 10
+    with (root / "results.csv").open() as f:
+        assert {int(r["n"]) for r in csv.DictReader(f)} == {2}

@@ -130,6 +130,15 @@ def finished(folder: Path, tested: bool, config: str) -> tuple[Path | None, str 
     return None, other
 
 
+def stopped(folder: Path, config: str) -> Path | None:
+    """The newest run folder under ``folder`` that a stop cut short with ``config``: its ``last.ckpt`` goes on."""
+    for run_dir in sorted(folder.glob("*"), reverse=True):
+        saved = run_dir / CONFIG_FILE
+        if saved.is_file() and saved.read_text() == config and folders.layout(run_dir).last.is_file():
+            return run_dir if "test" not in read_metrics(run_dir) else None
+    return None
+
+
 def aggregate(root: Path, cell_runs: dict[str, list[Path]]) -> list[dict[str, Any]]:
     """One row per (cell, metric): mean, std, ci95, n; written to results.csv and results.md and printed."""
     rows = []
@@ -193,14 +202,23 @@ def multirun_command(args: list[str]) -> None:
         if done is not None:
             print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
         else:
-            if other is not None:
+            cut = stopped(root / name, config)
+            if cut is not None:  # a stop cut it short: it goes on from its last.ckpt, in its own folder
+                print(f"{name}: resuming the run a stop cut short ({cut}) from its last.ckpt", file=sys.stderr)
+            elif other is not None:
                 print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
             before = set((root / name).glob("*"))
             quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
+            resume = ["--ckpt_path=last"] if cut is not None else []
             try:
                 with console.run_summary_off():
-                    fit_process([*run, *quiet]) if options.subprocess else fit([*run, *quiet])
+                    fit_process([*run, *quiet, *resume]) if options.subprocess else fit([*run, *quiet, *resume])
             except (SIGTERMException, Preempted, Interrupted):
+                for new in set((root / name).glob("*")) - before:  # the same command resumes it
+                    (new / CONFIG_FILE).write_text(config)
+                if cell_runs:  # what finished before the stop is summed up
+                    print(f"kiln multirun stopped in {name}: the runs finished so far, aggregated:", file=sys.stderr)
+                    aggregate(root, cell_runs)
                 raise  # stopped from outside: the same command resumes
             except Exception as err:  # a user error or a crash: this run fails, the others go on
                 folders.remove_failed_run()
