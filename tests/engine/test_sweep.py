@@ -338,3 +338,26 @@ def test_drivers_started_together_on_a_new_study_share_it(tmp_path: Path) -> Non
     assert [driver.returncode for driver in drivers] == [0, 0, 0], [e[-800:] for e in errors]  # was IntegrityError
     trials = [t for t in study(tmp_path).get_trials() if not t.user_attrs.get("surplus")]
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3 and len({t.params[LR] for t in trials}) == 3
+
+
+def test_a_changed_search_space_is_refused_in_one_line_and_leaves_no_trial_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A range turned to `log: true`: every rerun was an internal error (Optuna's 'Cannot set different log
+    configuration') and left a trial RUNNING."""
+    linear = {LR: {"low": 1.0e-3, "high": 1.0e-2}}
+    path = sweep_file(tmp_path, space=linear, n_trials=1)
+    command = ["sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps"), "--n_trials", "2"]
+    main(["sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")])
+    path = sweep_file(tmp_path, space={LR: {"low": 1.0e-3, "high": 1.0e-2, "log": True}})
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(command)
+    assert stop.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "the search space of study 'tiny' changed since its trials ran" in error and "log=True" in error
+    assert error.endswith("restore the file, or give the sweep another name (a new study)")
+    assert states(study(tmp_path)) == ["COMPLETE"]  # nothing drawn, nothing left RUNNING
+    sweep_file(tmp_path, space=linear)
+    main(command)  # restored: the study goes on
+    assert states(study(tmp_path)) == ["COMPLETE", "COMPLETE"]

@@ -123,6 +123,27 @@ def check_space(sweep: Sweep, sweep_dir: Path) -> None:
         raise UsageError(f"sweep {sweep.name}: {err} (a trial's settings, {describe(first)})") from None
 
 
+def refuse_changed_space(sweep: Sweep, study: Any) -> None:
+    """The sweep file's space must be the one the study's trials were drawn from: a changed range or scale would
+    stop a trial at its draw (Optuna refuses another log setting) or mix two searches in one study."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.distributions]
+    if not trials:
+        return
+    before = trials[-1].distributions
+    now = {p.key: p.distribution() for p in sweep.space}
+    changed = [f"{key}: {_shown(before.get(key))} -> {_shown(now.get(key))}"
+               for key in sorted(before.keys() | now.keys()) if before.get(key) != now.get(key)]  # fmt: skip
+    if changed:
+        raise UsageError(
+            f"{sweep.file}: the search space of study {sweep.name!r} changed since its trials ran "
+            f"({'; '.join(changed)}): restore the file, or give the sweep another name (a new study)"
+        )
+
+
+def _shown(distribution: Any) -> str:
+    return "(absent)" if distribution is None else repr(distribution).replace("Distribution", "")
+
+
 COUNTED = ("COMPLETE", "PRUNED", "RUNNING")  # what n_trials counts: a failed trial does not use it up
 
 
@@ -140,6 +161,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
 
     sweep_dir = root / sweep.name
     study = open_study(sweep, storage_for(sweep_dir, storage))
+    refuse_changed_space(sweep, study)
     check_space(sweep, sweep_dir)
     for orphan in orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
         print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)

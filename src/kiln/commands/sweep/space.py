@@ -34,6 +34,16 @@ class Param:
             return trial.suggest_int(self.key, low, high, step=int(self.step or 1), log=self.log)
         return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
 
+    def distribution(self) -> Any:
+        """The Optuna distribution :meth:`suggest` draws from (what a study records for each trial)."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.kind == "categorical":
+            return CategoricalDistribution(self.choices or [])
+        if self.kind == "int":
+            return IntDistribution(int(self.low or 0), int(self.high or 0), log=self.log, step=int(self.step or 1))
+        return FloatDistribution(float(self.low or 0), float(self.high or 0), log=self.log, step=self.step)
+
 
 @dataclass
 class Sweep:
