@@ -145,3 +145,18 @@ def test_a_finished_run_whose_test_never_completed_is_tested_not_retrained(capsy
     assert again.test_metrics is not None and (run_dir / "metrics.json").is_file()
     assert again.trainer.global_step == 10  # nothing trained
     assert load_checkpoint_file(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
+
+
+@pytest.mark.parametrize(
+    ("given", "says"), [("", "an empty checkpoint path"), ("run", "is a folder, not a file (a run folder")]
+)
+def test_an_empty_path_or_a_folder_as_checkpoint_is_named_as_such(
+    given: str, says: str, capsys: pytest.CaptureFixture
+) -> None:
+    """`--ckpt_path ""` said "checkpoint . does not exist", and a folder "does not exist"."""
+    Path("run", "checkpoints").mkdir(parents=True)
+    with pytest.raises(SystemExit) as stop:
+        main(["test", "--ckpt_path", given, "--trainer.logger", "false"])
+    assert stop.value.code != 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert says in line

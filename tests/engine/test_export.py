@@ -141,3 +141,20 @@ def test_infer_refuses_a_model_of_token_ids_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "takes int64 ids of shape [32], made by the data (a tokenizer), not files" in done.stderr
     assert not (tmp_path / "predictions.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--model", "m.onnx", ""], "an empty input path"), (["--model", "", "x.png"], "--model is empty"),
+     (["--model", "m.onnx", "--output", "missing/p.csv", "x.png"], "its folder missing does not exist"),
+     (["--model", "m.onnx", "--output", "here", "x.png"], "--output here is a folder")],
+    ids=["empty_input", "empty_model", "missing_folder", "folder_as_file"],
+)  # fmt: skip
+def test_infer_paths_that_cannot_work_are_one_line(args: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
+    """An empty input predicted every image under the current folder; a missing or folder --output was a traceback."""
+    Path("here").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        main(["infer", *args])
+    assert stop.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert says in line and not list(Path(".").glob("*.csv")) and not list(Path("here").iterdir())

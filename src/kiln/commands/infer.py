@@ -154,12 +154,21 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
 def infer_command(args: list[str]) -> None:
     """``kiln infer --model model.onnx [--output predictions.csv] [--batch_size 64] <images or folders>``."""
     parser = OneLineParser(prog="kiln infer", description="Predict with an exported model, without torch.")
-    parser.add_argument("--model", type=Path, required=True, help="model.onnx from `kiln export`")
+    parser.add_argument("--model", required=True, help="model.onnx from `kiln export`")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"))
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("inputs", nargs="+", help="image files, .npy or .csv files of samples, and folders of them")
     options = parser.parse_args(args)
     if options.batch_size < 1:
         raise UsageError(f"kiln infer: --batch_size {options.batch_size}: give 1 or more")
-    written = infer(options.model, options.inputs, options.output, options.batch_size)
+    if not options.model.strip():
+        raise UsageError("kiln infer: --model is empty: give model.onnx from `kiln export`")
+    if empty := [name for name in options.inputs if not name.strip()]:  # "" would be the current folder
+        raise UsageError(f"kiln infer: an empty input path ({len(empty)} of them): name the files or folders")
+    output = options.output
+    if output.is_dir():
+        raise UsageError(f"kiln infer: --output {output} is a folder: give a file, e.g. {output / 'predictions.csv'}")
+    if not output.parent.is_dir():
+        raise UsageError(f"kiln infer: --output {output}: its folder {output.parent} does not exist; create it first")
+    written = infer(Path(options.model), options.inputs, output, options.batch_size)
     print(f"predictions: {written.resolve()}", file=sys.stderr)

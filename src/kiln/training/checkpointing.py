@@ -38,7 +38,12 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool
     Never falls back to unsafe (pickle) loading: a file that needs it is refused. ``mmap`` checks a
     file without reading all of it.
     """
+    if not str(path).strip():  # Path("") would be the current folder
+        raise CheckpointError("an empty checkpoint path: name a .ckpt file (or best, last, wandb:…)")
     path = Path(path)
+    if path.is_dir():
+        inside = " (a run folder: its newest state is checkpoints/last.ckpt)" if (path / "checkpoints").is_dir() else ""
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file{inside}: name a .ckpt file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
