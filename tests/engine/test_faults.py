@@ -254,3 +254,10 @@ def test_evaluating_without_a_checkpoint_is_refused_in_one_line(command: str, ca
     assert not Path("runs").exists()  # no run folder
     assert exit_code([command, *QUIET, "--ckpt_path", "last"]) == 2  # and `last` that finds none says so
     assert "--ckpt_path last: no checkpoint under" in capsys.readouterr().err
+
+
+def test_an_endless_run_with_a_schedule_of_its_length_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    """--trainer.max_epochs -1 was an internal error (OverflowError: cannot convert float infinity to integer)."""
+    assert exit_code(["fit", *QUIET, "--trainer.max_epochs", "-1"]) == 1
+    (line,) = error_lines(capsys)
+    assert "WarmupCosineLR takes its length from the run, which has no end" in line

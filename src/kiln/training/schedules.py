@@ -79,5 +79,11 @@ def optimization(trainer: Any, optimizer: Optimizer, scheduler: Any, interval: s
             "scheduler_interval: step, or a per-epoch schedule (torch.optim.lr_scheduler.CosineAnnealingLR)"
         )
     if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-        scheduler.set_total_steps(int(trainer.estimated_stepping_batches))
+        steps = trainer.estimated_stepping_batches
+        if not math.isfinite(steps):
+            raise ConfigError(
+                "WarmupCosineLR takes its length from the run, which has no end (trainer.max_epochs -1, no "
+                "max_steps): give trainer.max_steps or a positive max_epochs, or the schedule's total_steps"
+            )
+        scheduler.set_total_steps(int(steps))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
