@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -261,3 +262,29 @@ def test_an_endless_run_with_a_schedule_of_its_length_is_one_line(capsys: pytest
     assert exit_code(["fit", *QUIET, "--trainer.max_epochs", "-1"]) == 1
     (line,) = error_lines(capsys)
     assert "WarmupCosineLR takes its length from the run, which has no end" in line
+
+
+@pytest.mark.slow
+def test_a_second_command_on_a_run_folder_in_use_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Two `kiln fit --ckpt_path last` on one run both trained it to the end (best-…-v1.ckpt, two summaries)."""
+    root = tmp_path / "runs"
+    first = subprocess.Popen([sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "200", "--trainer.logger",
+                              "false", "--run.root", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        for _ in range(600):  # until its first epoch's last.ckpt exists
+            if list(root.glob("digits/*/checkpoints/last.ckpt")) or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        (last,) = root.glob("digits/*/checkpoints/last.ckpt")
+        again = [sys.executable, "-m", "kiln", "fit", "--ckpt_path", "last", "--trainer.logger", "false",
+                 "--run.root", str(root)]  # fmt: skip
+        second = subprocess.run(again, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr[-2000:]
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: {last.parent.parent} is in use by another command (process {first.pid}): wait "
+                          "for it to end, or stop it first"]  # fmt: skip
+        assert first.poll() is None  # the first goes on
+    finally:
+        first.kill()
+        first.wait()

@@ -7,7 +7,14 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from kiln.errors import UsageError
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: two commands on one run folder are not refused there
+    fcntl = None  # type: ignore[assignment]
 
 RUN_DIR_ENV = "KILN_RUN_DIR"
 
@@ -100,6 +107,48 @@ def new_command() -> None:
     """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
     global created, this_run
     created = this_run = None
+    release()
+
+
+_held: IO[str] | None = None  # this command's hold on its run folder
+
+
+def _launcher() -> bool:
+    """Whether this process is rank 0 of its launch (the one process that holds the run folder)."""
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
+    return int(rank) == 0
+
+
+def hold(run_dir: Path) -> None:
+    """Take the run folder for this command: an exclusive lock on ``<run>/.lock`` that the system drops when the
+    process ends, however it ends. A second command on the same folder (two resumes of one run) stops in one
+    line instead of training it a second time beside the first."""
+    global _held
+    if fcntl is None or not _launcher():
+        return
+    release()
+    lock = (run_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise UsageError(
+            f"{run_dir} is in use by another command (process {holder}): wait for it to end, or stop it first"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    _held = lock
+
+
+def release() -> None:
+    global _held
+    if _held is not None:
+        _held.close()  # closing the file drops the lock
+        _held = None
 
 
 def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, prefix: str = "") -> Path:
@@ -116,6 +165,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
     if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
         return Path(inherited)
     if resume is not None:  # a resumed run goes on in its own folder
+        hold(resume)
         os.environ[RUN_DIR_ENV] = str(resume)
         this_run = resume
         record_status("running")
@@ -139,6 +189,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
             except FileExistsError:  # another run started in the same second
                 run_dir, n = base / f"{stamp}_{n}", n + 1
         created = run_dir
+    hold(run_dir)
     os.environ[RUN_DIR_ENV] = str(run_dir)
     this_run = run_dir
     record_status("running")  # until the command says how it ended; a kill -9 leaves it so
