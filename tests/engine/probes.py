@@ -88,6 +88,19 @@ class SignalAtStep(Callback):
                 os.kill(os.getppid() if self.parent else os.getpid(), self.signal)
 
 
+class SignalAtFitEnd(Callback):
+    """Sends a real signal to this process's whole group when ``fit`` has trained its last step (the moment a
+    sweep's subprocess trial ends), once, in a run whose folder path holds ``only_in``."""
+
+    def __init__(self, marker: str, only_in: str, name: str = "SIGTERM") -> None:
+        self.marker, self.only_in, self.signal = Path(marker), only_in, name
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.only_in in str(trainer.default_root_dir) and not self.marker.exists():
+            self.marker.touch()
+            subprocess.run(["kill", f"-{self.signal}", "--", f"-{os.getpgrp()}"], check=False)
+
+
 class SignalInEvaluation(Callback):
     """Sends a real signal to this process after batch ``batch`` of an evaluation ``stage`` (``validate``,
     ``test``, ``predict``; in ``fit``, of epoch ``epoch``), once (a marker file remembers)."""

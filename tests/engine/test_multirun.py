@@ -153,3 +153,25 @@ def test_a_stopped_multirun_sums_up_what_finished_and_its_rerun_resumes_the_cut_
     assert json.loads((cut / "metrics.json").read_text())["global_step"] == 10
     with (root / "results.csv").open() as f:
         assert {int(r["n"]) for r in csv.DictReader(f)} == {2}
+
+
+@pytest.mark.slow
+def test_a_stop_as_a_subprocess_run_ends_fitting_stops_the_command_and_the_rerun_tests_it(tmp_path: Path) -> None:
+    """The command went on to the next run: the stop reached only the run that was ending."""
+    probe = ["--trainer.callbacks+=probes.SignalAtFitEnd", "--trainer.callbacks.only_in=seed0",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "0-1", "--subprocess", "--", *LIMIT, *QUIET, *probe]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    run = lambda: subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,  # noqa: E731
+                                 start_new_session=True)  # fmt: skip
+    done = run()
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "base/seed0: interrupted; the same command resumes it" in done.stderr  # before its test after fit
+    root = tmp_path / "runs" / "multirun" / "multirun"
+    assert not (root / "base" / "seed1").exists()
+    again = run()
+    assert again.returncode == 0, again.stderr[-3000:]
+    (seed0,) = (root / "base" / "seed0").iterdir()
+    assert json.loads((seed0 / "metrics.json").read_text())["global_step"] == 10  # tested, not trained again
+    with (root / "results.csv").open() as f:
+        assert {int(r["n"]) for r in csv.DictReader(f)} == {2}

@@ -151,6 +151,48 @@ def test_sigterm_to_the_driver_alone_reaches_a_subprocess_trial_which_the_rerun_
     assert len(list((tmp_path / "runs" / "sweeps" / "tiny" / "trial-0001").iterdir())) == 1  # resumed in place
 
 
+def probed_sweep(tmp_path: Path, probe: list[str], n_trials: int) -> list[str]:
+    """A sweep file whose trials carry ``probe`` (callbacks of tests/engine/probes.py), and its command."""
+    path = sweep_file(tmp_path, n_trials=n_trials)
+    spec = yaml.safe_load(path.read_text())
+    spec["args"] += probe
+    path.write_text(yaml.safe_dump(spec))
+    return [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
+
+
+@pytest.mark.slow
+def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_before_another(
+    tmp_path: Path,
+) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalAtFitEnd", "--trainer.callbacks.only_in=trial-0000",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    command = probed_sweep(tmp_path, probe, n_trials=2)
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    first = subprocess.run(  # its own process group: the one the probe signals, as SLURM's
+        command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, start_new_session=True
+    )
+    assert first.returncode == 143, first.stderr[-2000:]  # was 0: the driver went on to trial 1
+    assert "SIGTERM: kiln sweep stopped between trials" in first.stderr
+    assert states(study(tmp_path)) == ["COMPLETE"]  # the trial that trained to its end counts, and is not failed
+    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert states(study(tmp_path)) == ["COMPLETE"] * 2
+
+
+@pytest.mark.slow
+def test_a_subprocess_trial_killed_fails_with_the_signal_as_its_reason_not_its_last_output_line(
+    tmp_path: Path,
+) -> None:
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=2",
+             "--trainer.callbacks.name=SIGKILL", f"--trainer.callbacks.marker={tmp_path / 'm'}"]  # fmt: skip
+    command = probed_sweep(tmp_path, probe, n_trials=1)
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]  # every trial failed
+    trial = study(tmp_path).get_trials()[0]
+    assert trial.state.name == "FAIL" and trial.user_attrs["error"] == "`kiln fit` was killed by SIGKILL"
+
+
 @pytest.mark.slow  # its multirun twin, 0.5 s, is in test-fast
 def test_in_process_trials_refuse_ddp_in_one_line_naming_subprocess(tmp_path: Path) -> None:
     path = sweep_file(tmp_path, args=[*LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")])

@@ -16,12 +16,18 @@ def install() -> None:
     """Note the stop signals for the whole command, between Trainer stages too (the default handlers kill)."""
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:  # Lightning adds its SIGTERM handler to this one while a stage runs
-            signal.signal(signum, _note)
+            signal.signal(signum, note)
     _received.clear()
 
 
-def _note(signum: int, frame: Any) -> None:
+def note(signum: int, frame: Any = None) -> None:
+    """Remember a stop signal: the command acts on it at its next safe point."""
     _received.append(signal.Signals(signum).name)
+
+
+def exit_code() -> int:
+    """What a command stopped by the last stop signal exits with (128 + the signal, as the shell reports)."""
+    return 128 + signal.Signals[_received[-1]].value
 
 
 def received() -> str | None:

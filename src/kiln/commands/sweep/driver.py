@@ -21,6 +21,7 @@ import yaml
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import (
+    STOPPED,
     describe,
     fit,
     fit_process,
@@ -31,7 +32,7 @@ from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
 from kiln.commands.sweep.study import OWNER, open_study, orphans, storage_for
-from kiln.errors import AlreadyFinished, Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
+from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
 from kiln.process import stop_signals
 from kiln.runs import folders
 
@@ -71,7 +72,7 @@ def run_trial(
             fit(args)
     except AlreadyFinished:
         pass  # trained before the last driver stopped: its reported values stand
-    except (SIGTERMException, Preempted, Interrupted):
+    except (SIGTERMException, *STOPPED):
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
         raise
     except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on

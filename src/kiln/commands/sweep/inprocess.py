@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from kiln.errors import Interrupted, KilnError, Preempted, Stopped
-from kiln.process import process_group
+from kiln.process import process_group, stop_signals
 from kiln.runs import folders
 
 STOPPED = (Stopped, Preempted, Interrupted)
@@ -74,25 +74,49 @@ STOP = (signal.SIGTERM, signal.SIGUSR1)
 
 def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
     """``kiln fit <args>`` as its own process (DDP starts its ranks from that command line); its stderr
-    passes through. A stop signal to this process goes on to it, which saves and exits (``Interrupted``);
-    its error line, or a crash's last line, becomes a ``KilnError``."""
+    passes through. A stop signal to this process is noted here and goes on to it, which saves and exits:
+    a child stopped, or ending in any way after a stop came, is ``Interrupted`` (the rerun resumes it), and a
+    child that finished returns, for the caller to stop at its next safe point. A failure is its error line."""
+    stop_signals.stop_here("stopped before the next `kiln fit` began; the same command goes on from there")
     child = subprocess.Popen(
         [sys.executable, "-m", "kiln", "fit", *args], env={**os.environ, **(env or {})}, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    previous = {signum: signal.signal(signum, lambda signum, _: child.send_signal(signum)) for signum in STOP}
-    last = error = ""
+
+    def forward(signum: int, frame: Any) -> None:
+        stop_signals.note(signum)
+        child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in STOP}
     try:
-        assert child.stderr is not None
-        for line in child.stderr:
-            sys.stderr.write(line)
-            last = line.strip() or last  # a crash's traceback ends on its one line
-            error = line.strip().removeprefix("error: ") if line.startswith("error: ") else error
+        reason = _relay(child)
     finally:
         child.wait()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if child.returncode in (128 + signal.SIGTERM, 128 + signal.SIGUSR1):
-        raise Interrupted(child.returncode)
-    if child.returncode:
-        raise KilnError(error or last or f"`kiln fit` exited {child.returncode}")
+    code = child.returncode
+    if code in SIGNAL_CODES or -code in STOP:  # stopped: saved and exited, or killed before kiln's handler
+        raise Interrupted(abs(code) + (128 if code < 0 else 0))
+    if code and stop_signals.received():  # whatever it ended with, a stop came: the rerun resumes it
+        raise Interrupted(stop_signals.exit_code())
+    if code:
+        raise KilnError(reason or (f"`kiln fit` was killed by {signal.Signals(-code).name}" if code < 0 else
+                                   f"`kiln fit` exited {code}; its output above says why"))  # fmt: skip
+
+
+SIGNAL_CODES = tuple(128 + signum for signum in STOP)
+
+
+def _relay(child: subprocess.Popen) -> str:
+    """Pass the child's stderr through; its reason to fail: its ``error:`` line, or a traceback's last line."""
+    assert child.stderr is not None
+    error = crash = ""
+    in_traceback = False
+    for line in child.stderr:
+        sys.stderr.write(line)
+        if line.startswith("error: "):
+            error = line.strip().removeprefix("error: ")
+        in_traceback = in_traceback or line.startswith("Traceback (most recent call last)")
+        if in_traceback and line.strip() and not line.startswith((" ", "Traceback")):
+            crash, in_traceback = line.strip(), False  # the exception's own line ends the traceback
+    return error or crash

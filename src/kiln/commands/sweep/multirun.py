@@ -26,6 +26,7 @@ from rich.table import Table
 from kiln import console
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep.inprocess import (
+    STOPPED,
     fit,
     fit_process,
     parse_command,
@@ -33,7 +34,7 @@ from kiln.commands.sweep.inprocess import (
     short_key,
 )
 from kiln.commands.sweep.space import flags
-from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, UsageError
+from kiln.errors import KilnError, NeedsOwnProcess, UsageError
 from kiln.files import written_whole
 from kiln.process import stop_signals
 from kiln.runs import folders
@@ -169,6 +170,13 @@ def aggregate(root: Path, cell_runs: dict[str, list[Path]]) -> list[dict[str, An
     return rows
 
 
+def _sum_up_stopped(name: str, root: Path, cell_runs: dict[str, list[Path]]) -> None:
+    """A stop in or before run ``name``: what finished before it is aggregated."""
+    if cell_runs:
+        print(f"kiln multirun stopped at {name}: the runs finished so far, aggregated:", file=sys.stderr)
+        aggregate(root, cell_runs)
+
+
 def multirun_command(args: list[str]) -> None:
     """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
     parser = OneLineParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
@@ -196,7 +204,9 @@ def multirun_command(args: list[str]) -> None:
         fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
         run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
                f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
-        stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
+        if stop_signals.received():
+            _sum_up_stopped(name, root, cell_runs)
+            stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
         config = resolved_config(run)
         done, other = finished(root / name, tested, config)
         if done is not None:
@@ -213,12 +223,11 @@ def multirun_command(args: list[str]) -> None:
             try:
                 with console.run_summary_off():
                     fit_process([*run, *quiet, *resume]) if options.subprocess else fit([*run, *quiet, *resume])
-            except (SIGTERMException, Preempted, Interrupted):
+            except (SIGTERMException, *STOPPED):
                 for new in set((root / name).glob("*")) - before:  # the same command resumes it
                     (new / CONFIG_FILE).write_text(config)
-                if cell_runs:  # what finished before the stop is summed up
-                    print(f"kiln multirun stopped in {name}: the runs finished so far, aggregated:", file=sys.stderr)
-                    aggregate(root, cell_runs)
+                print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
+                _sum_up_stopped(name, root, cell_runs)
                 raise  # stopped from outside: the same command resumes
             except Exception as err:  # a user error or a crash: this run fails, the others go on
                 folders.remove_failed_run()
