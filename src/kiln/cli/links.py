@@ -59,7 +59,7 @@ class DataLinks:
 
     def add_to(self, parser: LightningArgumentParser) -> None:
         for attr, target in LINKS:
-            parser.link_arguments("data", target, compute_fn=self._link(attr, target), apply_on="instantiate")
+            parser.link_arguments("data", target, compute_fn=_Link(self, attr, target), apply_on="instantiate")
 
     def note(self, config: Namespace, settings: list[Source]) -> None:
         """Before instantiation: which targets the chosen classes take, and which the user wrote."""
@@ -82,38 +82,36 @@ class DataLinks:
                 where = where_written(settings, _is_key(target), target)
                 self.written[target] = (where, config.get(target))
 
-    def _link(self, attr: str, target: str) -> Callable[[Any], Any]:
-        def value(data: Any) -> Any:
-            self._use_net_stats(data)
-            declared = getattr(data, attr, None)
-            if target not in self.accepted:
-                return declared
-            name = type(data).__name__
-            where, given = self.written.get(target, (None, None))
-            if declared is None:
-                if given is not None:
-                    return given  # a datamodule that declares nothing: the user's value stands
-                if attr == "in_channels" and getattr(data, "input_shape", None) is not None:
-                    raise ConfigError(
-                        f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
-                        f"but the network takes in_channels: give the samples one (input_shape (1, "
-                        f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
-                        "1-D samples (an MLP)"
-                    )
-                if self.accepted[target] is not REQUIRED:
-                    return self.accepted[target]  # the class's own default: linked only where both sides have it
-                raise ConfigError(
-                    f"{target}: the {owner_name(self.config, target)} needs {attr}, and {name} declares none: declare "
-                    f"it in the datamodule ({attr} = …), or give --{target}"
-                )
-            if given is not None and not _same(given, declared):
-                raise UsageError(
-                    f"{where}: {given!r} contradicts the data: {name} has {attr} {declared!r}. "
-                    f"Drop the setting: the data sets it"
-                )
+    def value(self, data: Any, attr: str, target: str) -> Any:
+        """What ``target`` gets from the instantiated datamodule (its declaration, or the class's default)."""
+        self._use_net_stats(data)
+        declared = getattr(data, attr, None)
+        if target not in self.accepted:
             return declared
-
-        return value
+        name = type(data).__name__
+        where, given = self.written.get(target, (None, None))
+        if declared is None:
+            if given is not None:
+                return given  # a datamodule that declares nothing: the user's value stands
+            if attr == "in_channels" and getattr(data, "input_shape", None) is not None:
+                raise ConfigError(
+                    f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
+                    f"but the network takes in_channels: give the samples one (input_shape (1, "
+                    f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
+                    "1-D samples (an MLP)"
+                )
+            if self.accepted[target] is not REQUIRED:
+                return self.accepted[target]  # the class's own default: linked only where both sides have it
+            raise ConfigError(
+                f"{target}: the {owner_name(self.config, target)} needs {attr}, and {name} declares none: declare "
+                f"it in the datamodule ({attr} = …), or give --{target}"
+            )
+        if given is not None and not _same(given, declared):
+            raise UsageError(
+                f"{where}: {given!r} contradicts the data: {name} has {attr} {declared!r}. "
+                f"Drop the setting: the data sets it"
+            )
+        return declared
 
     def _use_net_stats(self, data: Any) -> None:
         """The data normalises as the pretrained net expects: its statistics become ``data.mean``/``std``
@@ -147,6 +145,16 @@ class DataLinks:
         for a convolutional net) would stop ``--ckpt_path`` from rebuilding the model.
         """
         drop_link_targets(hparams, keep=self.accepted)
+
+
+class _Link:
+    """A link's ``compute_fn``: an object, not a closure, so that ``ddp_spawn`` can pickle the CLI it belongs to."""
+
+    def __init__(self, links: DataLinks, attr: str, target: str) -> None:
+        self.links, self.attr, self.target = links, attr, target
+
+    def __call__(self, data: Any) -> Any:
+        return self.links.value(data, self.attr, self.target)
 
 
 def drop_link_targets(hparams: MutableMapping[str, Any], keep: Collection[str] = ()) -> None:
