@@ -26,6 +26,8 @@ DEPENDENCY_WARNINGS = [
     (UserWarning, r"Checkpoint directory .* exists and is not empty",
      r"lightning\.pytorch\.callbacks\.model_checkpoint",
      "a resume goes on in its own run folder, beside the checkpoints it goes on from: expected, on every resume"),
+    (UserWarning, r"The `srun` command is available on your system but is not used", "",
+     "printed twice on every run of a machine with SLURM installed; scripts/slurm.sbatch runs kiln under srun"),
 ]  # fmt: skip
 
 

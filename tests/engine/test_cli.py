@@ -41,9 +41,11 @@ def test_fit_fills_one_run_folder_and_prints_summary(
 
 
 @pytest.mark.slow
-def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console() -> None:
+def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console(tmp_path: Path) -> None:
     # a real console: W&B prints its history as it closes, from its own process, on the same terminal
-    env = {**os.environ, "WANDB_MODE": "offline"}
+    (tmp_path / "srun").write_text("#!/bin/sh\n")  # a machine with SLURM installed: Lightning hinted at srun twice
+    (tmp_path / "srun").chmod(0o755)
+    env = {**os.environ, "WANDB_MODE": "offline", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     done = subprocess.run(
         [sys.executable, "-m", "kiln", "fit", *LIMIT],
         stdout=subprocess.PIPE,
@@ -61,7 +63,15 @@ def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console()
     last = [line for line in out.splitlines() if line.strip()][-1]
     assert last.startswith(f"W&B offline; upload with wandb sync {run_dir}/wandb/offline-run-"), out[-1500:]
     # a quiet console: none of the noise Lightning and torch printed on every run
-    for noise in ("💡 Tip", "Trainer already configured", "`weights_only` was not set", "LeafSpec", "Total FLOPs: 0"):
+    noises = (
+        "💡 Tip",
+        "Trainer already configured",
+        "`weights_only` was not set",
+        "LeafSpec",
+        "Total FLOPs: 0",
+        "srun",
+    )
+    for noise in noises:
         assert noise not in out, noise
     assert "Total FLOPs: 3.6 M" in out  # the summary's forward ran on an input of the data's shape
 
