@@ -9,8 +9,9 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.overfit import OverfitReport
 from kiln.callbacks.pictures import BatchGrid, ConfusionMatrixReport
 from kiln.callbacks.predictions import PredictionWriter
+from kiln.callbacks.preemption import PreemptionCheckpoint
 from kiln.callbacks.progress import ProgressBar
-from kiln.callbacks.resume import ExactResume, PreemptionCheckpoint
+from kiln.callbacks.resume import ExactResume
 from kiln.callbacks.run_metrics import RunMetrics
 from kiln.callbacks.train_loss import TrainLoss
 

@@ -62,6 +62,13 @@ class LastCheckpoint(Checkpoint):
         self._saved_step = trainer.global_step
         return path
 
+    def holds(self, trainer: Trainer) -> bool:
+        """Whether ``last.ckpt`` already holds this step's state (written at the end of the epoch it ended)."""
+        return self._saved_step == trainer.global_step
+
+    def path(self, trainer: Trainer) -> Path:
+        return layout(trainer.default_root_dir).last
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.finished = None  # a resumed run with higher limits is not finished any more
 

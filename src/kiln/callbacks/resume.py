@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,13 +10,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.data import extract_batch_size
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln.callbacks import metric_states
-from kiln.callbacks.last import LastCheckpoint, save_last
 from kiln.console import say
-from kiln.errors import Preempted
-from kiln.process import stop_signals
 from kiln.training.contracts import ResumesMidEpoch, datamodule
 
 
@@ -146,112 +138,3 @@ class ExactResume(Callback):
         if self._pending is not None:
             restore_rng(self._pending)
             self._pending = None
-
-
-VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (README: private APIs)
-TRAINING_PROGRESS = "epoch_loop.batch_progress"
-
-
-def _stage(trainer: Trainer) -> str:
-    return trainer.state.stage.value if trainer.state.stage else "evaluation"  # "test", not "RunningStage.TESTING"
-
-
-def _stop_on_an_early_sigterm(trainer: Trainer) -> None:
-    """A SIGTERM that came before this stage began (while the data loaded, between fit and its test) reached only
-    kiln's handler: Lightning's, which stops its loops, is installed with the stage. Stop as Lightning would."""
-    if stop_signals.received() == "SIGTERM" and not getattr(trainer, "received_sigterm", False):
-        raise SIGTERMException
-
-
-def _requeue(trainer: Trainer) -> None:
-    job = os.environ.get("SLURM_JOB_ID")
-    if job and trainer.is_global_zero and shutil.which("scontrol"):
-        subprocess.run(["scontrol", "requeue", job], check=False)
-        say(f"requeued SLURM job {job}")
-
-
-class PreemptionCheckpoint(Callback):
-    """SIGTERM or SIGUSR1, in any subcommand: stop at the next step or batch boundary, saying what was kept.
-
-    In ``fit``, ``checkpoints/last.ckpt`` is saved at the end of the current step (with
-    :class:`ExactResume`'s state), through :class:`~kiln.callbacks.LastCheckpoint` when present,
-    so the same command with ``--ckpt_path last`` continues exactly. Lightning alone saves nothing
-    on SIGTERM and exits 0, and on SIGUSR1 under SLURM saves inside the signal handler, mid-step.
-    SIGTERM exits with 143; SIGUSR1 (``sbatch --signal=SIGUSR1@90``) requeues the SLURM job when
-    ``scontrol`` is there, and exits with 138. The signals are noted by :mod:`kiln.process.stop_signals`.
-    """
-
-    def __init__(self) -> None:
-        self.saved: Path | None = None
-        self._cut_validation = False
-        self._before_batch = False  # saving at a batch's start: Lightning has fetched it, not begun it
-
-    def _save(self, trainer: Trainer, signal_name: str) -> None:
-        owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
-        self.saved = owner.save(trainer) if owner is not None else save_last(trainer)
-        where = " (in validation, which runs again on resume)" if self._cut_validation else ""
-        say(
-            f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
-            "run the same command with `--ckpt_path last` to continue"
-        )
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
-        _stop_on_an_early_sigterm(trainer)
-        if stop_signals.received() != "SIGUSR1":
-            return
-        self._before_batch = True
-        try:
-            self._save(trainer, "SIGUSR1")
-        finally:
-            self._before_batch = False
-        _requeue(trainer)
-        raise Preempted(f"SIGUSR1 after step {trainer.global_step}")
-
-    def _stop_evaluation(self, trainer: Trainer, batch_idx: int) -> None:
-        if trainer.state.fn == "fit":
-            return  # in fit, validation finishes and training stops at its next step
-        _stop_on_an_early_sigterm(trainer)
-        if stop_signals.received() != "SIGUSR1":
-            return
-        _requeue(trainer)
-        stage = _stage(trainer)
-        say(f"SIGUSR1: stopped {stage} at batch {batch_idx}; nothing to save")
-        raise Preempted(f"SIGUSR1 during {stage}")
-
-    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self._stop_evaluation(trainer, args[1])
-
-    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self._stop_evaluation(trainer, args[1])
-
-    def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self._stop_evaluation(trainer, args[1])
-
-    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._before_batch:
-            # the batch whose start this is was fetched ("ready") but never begun: saved as such, Lightning would
-            # take the checkpoint for one written inside the previous batch and count that batch's step again
-            # (a resumed run's logs one step off the uninterrupted run's, its val rows at 30, 40 for 29, 39)
-            progress = checkpoint["loops"]["fit_loop"][TRAINING_PROGRESS]
-            for part in ("total", "current"):
-                progress[part]["ready"] = progress[part]["started"]
-        if self._cut_validation:
-            # Lightning resumes an evaluation cut inside a batch from its last completed batch, and one
-            # cut between batches not at all; the metrics of the batches before the cut are not saved,
-            # so the resume is marked as cut inside batch 0: the whole validation runs again
-            cut = {"ready": 1, "started": 1, "processed": 0, "completed": 0}
-            progress = {"total": cut, "current": dict(cut), "is_last_batch": False}
-            checkpoint["loops"]["fit_loop"][VALIDATION_PROGRESS] = progress
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, SIGTERMException):
-            return
-        if trainer.state.fn == "fit":
-            self._cut_validation = trainer.validating and not trainer.sanity_checking  # read by on_save_checkpoint
-            try:
-                self._save(trainer, "SIGTERM")
-            finally:
-                self._cut_validation = False  # only this save is marked
-        else:
-            say(f"SIGTERM: stopped {_stage(trainer)}; nothing to save")
