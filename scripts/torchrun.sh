@@ -1,16 +1,25 @@
 #!/bin/bash
-# Multi-node training with torchrun: run this on every node, e.g. for 2 nodes of 8 GPUs:
-#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 scripts/torchrun.sh -c configs/experiment/cifar10.yaml
-#   NNODES=2 NODE_RANK=1 MASTER_ADDR=node0 scripts/torchrun.sh -c configs/experiment/cifar10.yaml
-# Lightning detects torchrun (TorchElasticEnvironment) and takes ranks from it; the run folder is
-# named after the rendezvous id (RDZV_ID), so give every node the same new RDZV_ID per run.
+# DDP with torchrun, on GPU or CPU nodes: run this on every node from the project folder, e.g. for 2 nodes:
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 RDZV_ID=run7 scripts/torchrun.sh -c configs/experiment/cifar10.yaml
+#   NNODES=2 NODE_RANK=1 MASTER_ADDR=node0 RDZV_ID=run7 scripts/torchrun.sh -c configs/experiment/cifar10.yaml
+# One process per GPU torch sees (configs/trainer/ddp.yaml), or NPROC_PER_NODE processes on the CPU where it
+# sees none (configs/trainer/ddp_cpu.yaml, 2 by default); PRESET=<file> for another preset. Every argument goes
+# to `kiln fit`. Lightning takes the ranks from torchrun (TorchElasticEnvironment); the run folder is named after
+# the rendezvous id (RDZV_ID), so give every node the same new RDZV_ID per run.
 set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
 NNODES=${NNODES:-1}
 if [ "$NNODES" -gt 1 ]; then : "${RDZV_ID:?set RDZV_ID to the same new value on every node}"; fi
-NPROC_PER_NODE=${NPROC_PER_NODE:-$(nvidia-smi -L | wc -l)}
-exec "$(dirname "$0")/../.venv/bin/torchrun" \
+gpus=$("$here/.venv/bin/python" -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -gt 0 ]; then
+  PRESET=${PRESET:-$here/configs/trainer/ddp.yaml}
+  NPROC_PER_NODE=${NPROC_PER_NODE:-$gpus}
+else
+  PRESET=${PRESET:-$here/configs/trainer/ddp_cpu.yaml}
+  NPROC_PER_NODE=${NPROC_PER_NODE:-2}
+fi
+exec "$here/.venv/bin/torchrun" \
   --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "${NODE_RANK:-0}" \
   --rdzv-id "${RDZV_ID:-kiln-$(date +%Y%m%d-%H%M%S)}" --rdzv-backend c10d \
   --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \
-  -m kiln fit -c configs/trainer/ddp.yaml \
-  --trainer.num_nodes "$NNODES" --trainer.devices "$NPROC_PER_NODE" "$@"
+  -m kiln fit -c "$PRESET" --trainer.num_nodes "$NNODES" --trainer.devices "$NPROC_PER_NODE" "$@"

@@ -365,6 +365,19 @@ def test_a_gpu_preset_without_a_gpu_stops_in_one_line_naming_the_file(capsys: py
     assert f"{CONFIGS / 'trainer' / 'gpu.yaml'}: trainer.accelerator asks for gpu, but torch sees no CUDA GPU" in line
 
 
+def test_the_gpu_ddp_preset_on_cpu_processes_stops_in_one_line_naming_sync_batchnorm(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    with pytest.raises(SystemExit) as stop:  # was an internal error: SyncBatchNorm layers only work with GPU modules
+        main(["fit", "-c", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.accelerator", "cpu"])
+    assert stop.value.code == 1 and not Path("runs").exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"{CONFIGS / 'trainer' / 'ddp.yaml'}: trainer.sync_batchnorm is true" in line
+    assert "--trainer.sync_batchnorm false" in line
+
+
 @pytest.mark.parametrize("setting", ["max_epochs", "max_steps", "limit_train_batches"])
 def test_a_fit_that_would_train_nothing_exits_non_zero_in_one_line(setting: str, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as stop:

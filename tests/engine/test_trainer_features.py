@@ -203,9 +203,9 @@ def test_slurm_preset_takes_the_cluster_from_the_environment(monkeypatch: pytest
                        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1",
                        "SLURM_NODELIST": "localhost", "SLURM_JOB_NAME": "kiln"}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
-    cpu = ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.devices", "1",
-           "--trainer.sync_batchnorm", "false"]  # fmt: skip
-    cli = build_cli(["fit", "-c", str(CONFIGS / "trainer" / "slurm.yaml"), *cpu, "--trainer.fast_dev_run", "true"])
+    # as shipped, on a CPU node (it asked for a GPU and SyncBatchNorm: scripts/slurm.sbatch adds ddp.yaml for GPUs)
+    cli = build_cli(["fit", "-c", str(CONFIGS / "trainer" / "slurm.yaml"), "--trainer.devices", "1",
+                     "--trainer.fast_dev_run", "true"])  # fmt: skip
     environment = cli.trainer.strategy.cluster_environment  # type: ignore[attr-defined]
     assert isinstance(environment, SLURMEnvironment)
     assert not environment.auto_requeue  # PreemptionCheckpoint requeues, at a step boundary

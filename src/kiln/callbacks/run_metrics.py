@@ -32,7 +32,7 @@ class RunMetrics(Callback):
         """Every logged test says which weights it scored: the optimizer step of the tested checkpoint (or of
         the weights in memory) beside its metrics, in the same row of ``metrics.csv``, W&B and TensorBoard."""
         step = weights_step(trainer.ckpt_path) if trainer.ckpt_path else trainer.global_step
-        pl_module.log(WEIGHTS_STEP, float(step if step is not None else -1), sync_dist=False)
+        pl_module.log(WEIGHTS_STEP, float(step if step is not None else -1), sync_dist=True, reduce_fx="max")
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:

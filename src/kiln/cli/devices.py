@@ -31,3 +31,16 @@ def missing_gpu(trainer: Any, settings: list[Source]) -> str | None:
         f"{where} asks for {trainer.accelerator}, but torch sees no CUDA GPU on this machine: {fix}, or run it "
         "where there is one"
     )
+
+
+def sync_batchnorm_without_gpu(trainer: Any, settings: list[Source]) -> str | None:
+    """Why ``sync_batchnorm`` cannot run here: torch's SyncBatchNorm works on CUDA modules only (a DDP preset for
+    GPUs given a CPU node)."""
+    on_gpu = str(trainer.accelerator) in GPU or (str(trainer.accelerator) == "auto" and torch.cuda.is_available())
+    if not trainer.get("sync_batchnorm") or on_gpu:
+        return None
+    where = where_written(settings, lambda path, value: path == "trainer.sync_batchnorm", "--trainer.sync_batchnorm")
+    return (
+        f"{where} is true, but torch's SyncBatchNorm runs on CUDA GPUs only and this run is on the CPU: add "
+        "--trainer.sync_batchnorm false, or run it where there is a GPU"
+    )

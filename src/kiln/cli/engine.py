@@ -27,7 +27,7 @@ from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
-from kiln.cli.devices import fall_back_from_bf16, missing_gpu
+from kiln.cli.devices import fall_back_from_bf16, missing_gpu, sync_batchnorm_without_gpu
 from kiln.cli.from_checkpoint import (
     BUILT_FROM,
     BUILT_FROM_KEY,
@@ -347,7 +347,7 @@ class KilnCLI(LightningCLI):
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
-        if why := missing_gpu(config.trainer, settings):  # before a run folder exists
+        if why := missing_gpu(config.trainer, settings) or sync_batchnorm_without_gpu(config.trainer, settings):
             raise ConfigError(why)
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
             raise UsageError(
