@@ -403,3 +403,42 @@ def test_a_changed_search_space_is_refused_in_one_line_and_leaves_no_trial_runni
     sweep_file(tmp_path, space=linear)
     main(command)  # restored: the study goes on
     assert states(study(tmp_path)) == ["COMPLETE", "COMPLETE"]
+
+
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        ("missing/study.journal", "the folder missing does not exist: create it (mkdir -p)"),
+        ("sqlite:///missing/study.db", "the folder missing does not exist: create it (mkdir -p)"),
+        ("postgresql://me:hunter2@127.0.0.1:1/db", "its database driver (psycopg) is not installed: make add PKG="),
+        ("mysql://me:hunter2@127.0.0.1:1/db", "make add PKG='PyMySQL', and write the URL as mysql+pymysql://"),
+    ],
+    ids=["journal_in_a_missing_folder", "sqlite_in_a_missing_folder", "postgresql_without_driver", "mysql"],
+)
+def test_a_storage_that_cannot_work_is_one_line_naming_the_fix_and_never_the_password(
+    storage: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Internal errors before (an ImportError 'please report it', a FileNotFoundError); a wrong diagnosis for SQLite
+    ('not a readable study database … restore it'); the password was printed with the URL."""
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "-c", str(sweep_file(tmp_path)), "--storage", storage])
+    assert stop.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert expected in line and "hunter2" not in line and "internal error" not in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a 64 KiB file system needs root")
+def test_a_study_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """It said 'not a readable study database … restore it' of a database that was fine, on a disk that was full."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
+    try:
+        with pytest.raises(SystemExit) as stop:
+            main(["sweep", "-c", str(sweep_file(tmp_path)), "--storage", f"sqlite:///{disk / 'study.db'}"])
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    assert stop.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "no space left on its disk" in line and "restore" not in line

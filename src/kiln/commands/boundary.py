@@ -82,8 +82,27 @@ def internal_error(err: BaseException) -> str:
     return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
 
 
+def _causes(err: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _full_disk(err: BaseException) -> str | None:
+    """One line for a full disk behind a library's own error (a sweep's SQLite study, a journal file)."""
+    for cause in _causes(err):
+        if isinstance(cause, OSError) and cause.errno in FULL:
+            return os_error(cause)
+        if "database or disk is full" in str(cause):
+            return "no space left on the disk of the sweep's study database: free some, then run the same command"
+    return None
+
+
 def _unexpected(err: Exception) -> str:
-    return f"error: {(os_error(err) if isinstance(err, OSError) else None) or internal_error(err)}"
+    return f"error: {(os_error(err) if isinstance(err, OSError) else None) or _full_disk(err) or internal_error(err)}"
 
 
 def _record(state: str, detail: str = "") -> None:

@@ -37,11 +37,44 @@ def storage_for(sweep_dir: Path, given: str | None) -> Any:
                 "the sweep folder aside to start the sweep anew"
             )
         return f"sqlite:///{database}"
+    file = given.removeprefix("sqlite:///") if given.startswith("sqlite:///") else given
+    if (given.startswith("sqlite:///") or given.endswith((".log", ".journal"))) and not Path(file).parent.is_dir():
+        raise UsageError(
+            f"--storage {given}: the folder {Path(file).parent} does not exist: create it (mkdir -p), or give a "
+            "file in an existing folder"
+        )
     if given.endswith((".log", ".journal")):  # a shared filesystem without a database server
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(given))
     return given
+
+
+DRIVERS = {  # the module SQLAlchemy imports for a URL: how to add it (MySQLdb needs a compiler: PyMySQL instead)
+    "psycopg2": "make add PKG='psycopg2-binary'", "psycopg": "make add PKG='psycopg[binary]'",
+    "MySQLdb": "make add PKG='PyMySQL', and write the URL as mysql+pymysql://…", "pymysql": "make add PKG='PyMySQL'",
+}  # fmt: skip
+
+
+def shown(storage: Any) -> str:
+    """A storage as a line may show it: a database URL without its password."""
+    text = str(storage)
+    if "://" not in text or text.startswith("sqlite:///"):
+        return text.removeprefix("sqlite:///")
+    from sqlalchemy.engine import make_url
+
+    try:
+        return str(make_url(text).render_as_string(hide_password=True))
+    except Exception:  # not a URL SQLAlchemy reads: show its scheme only
+        return text.split("://", 1)[0] + "://…"
+
+
+def _no_driver(storage: Any, err: ImportError) -> UsageError:
+    module = getattr(err.__cause__, "name", None) or err.name or "?"  # Optuna wraps SQLAlchemy's import
+    return UsageError(
+        f"--storage {shown(storage)}: its database driver ({module}) is not installed: "
+        f"{DRIVERS.get(module, f'make add PKG={module}')}"
+    )
 
 
 def open_study(sweep: Sweep, storage: Any) -> Any:
@@ -67,13 +100,17 @@ def open_study(sweep: Sweep, storage: Any) -> Any:
                 study_name=sweep.name, storage=storage, direction=sweep.direction, sampler=sampler, pruner=pruner,
                 load_if_exists=True,
             )  # fmt: skip
+        except ImportError as err:
+            raise _no_driver(storage, err) from None
         except (DatabaseError, optuna.exceptions.DuplicatedStudyError) as err:
             reason = str(getattr(err, "orig", None) or err).splitlines()[0]
             racing = isinstance(err, IntegrityError | optuna.exceptions.DuplicatedStudyError) or "exists" in reason
             if racing and attempt < 5:  # another driver created the same new study meanwhile: load it next
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            where = str(storage).removeprefix("sqlite:///")
+            where = shown(storage)
+            if "disk is full" in reason:
+                raise UsageError(f"{where}: no space left on its disk ({reason}): free some, then rerun") from None
             raise UsageError(
                 f"{where}: not a readable study database ({reason}): restore it, or move the sweep folder aside "
                 "to start the sweep anew"
