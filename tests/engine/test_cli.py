@@ -402,3 +402,29 @@ def test_a_run_prints_about_30_lines_and_keeps_the_rest_in_console_log(tmp_path:
     assert "Seed set to 42" in kept and "Restoring states" in kept and "Per-class test accuracy" in kept
     loud = subprocess.run([*command, "-v"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert "Seed set to 42" in loud.stderr + loud.stdout and "Per-class test accuracy" in loud.stderr + loud.stdout
+
+
+def test_kiln_help_lists_every_subcommand_and_a_flag_before_one_is_named(capsys: pytest.CaptureFixture) -> None:
+    """`kiln --help` listed Lightning's 4 of the 11; `kiln --bogus 1` named '1'; `kiln tune --help` exited 2."""
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()]
+    assert listed == ["fit", "validate", "test", "predict", "sweep", "multirun", "export", "infer", "convert", "diff",
+                      "tune"]  # fmt: skip
+    for argv, code, expected in [([], 2, "usage: kiln"), (["--bogus", "1"], 2, "error: kiln --bogus: unknown option"),
+                                 (["fitt"], 2, "no such subcommand; did you mean fit?"),
+                                 (["tune", "--help"], 0, "usage: kiln tune lr")]:  # fmt: skip
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        captured = capsys.readouterr()
+        assert stop.value.code == code and expected in captured.out + captured.err, argv
+
+
+def test_a_fit_without_its_test_ends_on_a_summary_naming_the_weights_to_test(capsys: pytest.CaptureFixture) -> None:
+    """It printed nothing after the progress bar: no metric, no checkpoint, no run folder."""
+    main(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+    (run_dir,) = run_dirs()
+    out = capsys.readouterr().out
+    assert "val/loss" in out and "(last validation)" in out and f"run folder {run_dir}" in out
+    assert f"kiln test --ckpt_path {run_dir}/checkpoints/best-" in out

@@ -14,6 +14,8 @@ from kiln.commands.boundary import main
 FILES = {
     "monitr.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
     "      init_args:\n        monitr: val/acc\n",
+    "appended.yaml": "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+    "      init_args:\n        monitr: val/acc\n",
     "batchsize.yaml": "data:\n  init_args:\n    batchsize: 32\n",
     "lr.yaml": "model:\n  init_args:\n    optimizer:\n      init_args:\n        lr: fast\n",
     "net.yaml": "model:\n  init_args:\n    net:\n      class_path: research.nets.SmallCN\n",
@@ -24,6 +26,11 @@ CASES = {
     "unknown_argument_in_a_listed_callback": (
         ["-c", "monitr.yaml"],
         "monitr.yaml: trainer.callbacks[0].init_args.monitr: ModelCheckpoint has no argument monitr; "
+        "did you mean monitor?",
+    ),
+    "unknown_argument_in_an_appended_callback": (  # it named neither the file nor the entry
+        ["-c", "appended.yaml"],
+        "appended.yaml: trainer.callbacks+[0].init_args.monitr: EarlyStopping has no argument monitr; "
         "did you mean monitor?",
     ),
     "unknown_data_argument": (

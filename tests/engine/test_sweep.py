@@ -75,6 +75,7 @@ def test_a_sweep_completes_its_trials_and_best_yaml_reproduces_the_best(extra: l
     else:
         assert again == done.best_value
     assert "runs/tiny-best" in str(rerun.trainer.default_root_dir)
+    assert rerun.test_metrics is not None  # best.yaml kept the trials' test_after_fit false: the rerun printed nothing
 
 
 @pytest.mark.slow

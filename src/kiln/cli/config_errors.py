@@ -142,9 +142,10 @@ def check_config_files(args: list[str]) -> None:
 
 
 def skeleton(path: str) -> tuple[str, ...]:
-    """A key path without list positions and ``init_args``: the same setting however it was written."""
+    """A key path without list positions, ``init_args`` and an appending ``+``: the same setting however it was
+    written (``callbacks+:`` in a file adds to the list as ``callbacks:`` sets it)."""
     parts = re.sub(r"\[\d+\]", "", path).split(".")
-    return tuple(part for part in parts if part not in ("init_args", "dict_kwargs"))
+    return tuple(part.removesuffix("+") for part in parts if part not in ("init_args", "dict_kwargs"))
 
 
 def where_written(settings: list[Source], match: Callable[[str, Any], bool], path: str) -> str:

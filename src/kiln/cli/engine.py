@@ -58,7 +58,7 @@ from kiln.runs.folders import (
 )
 from kiln.runs.provenance import write_environment
 from kiln.training.checkpointing import remove_stale_temporaries
-from kiln.training.testing import TestChoice, read_metrics, test_after_fit
+from kiln.training.testing import TestChoice, read_metrics, summarize_untested, test_after_fit
 from kiln.wandb import checkpoints as wandb_checkpoints
 from kiln.wandb.mode import finish_wandb, start_or_fall_back
 
@@ -426,7 +426,10 @@ class KilnCLI(LightningCLI):
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
-        if not config.run.test_after_fit or self.trainer.interrupted:
+        if self.trainer.interrupted:
+            return
+        if not config.run.test_after_fit:
+            summarize_untested(self.trainer)
             return
         try:
             if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins

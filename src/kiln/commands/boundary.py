@@ -8,6 +8,7 @@ here imports torch: ``kiln infer`` runs without it.
 
 from __future__ import annotations
 
+import difflib
 import errno
 import importlib
 import logging
@@ -21,7 +22,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
-from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped
+from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped, UsageError
 from kiln.process import stop_signals
 from kiln.process.secrets import load_env_file
 from kiln.runs import folders
@@ -43,9 +44,42 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 own_runs = False  # the command (sweep, multirun) runs `kiln fit` itself and records each run's end
 
 
+LIGHTNING = {  # LightningCLI's own subcommands, which kiln.cli runs
+    "fit": "train a model, then test it (run folder, checkpoints, summary)",
+    "validate": "score a checkpoint on the validation split",
+    "test": "score a checkpoint on the test split",
+    "predict": "write a checkpoint's predictions to predictions.csv",
+}
+ABOUT = {
+    "sweep": "a hyper-parameter search over fit runs (Optuna)",
+    "multirun": "seeds, folds and grids of fit runs, aggregated",
+    "export": "ONNX and torch.export files of a checkpoint, checked against it",
+    "infer": "predictions from an exported model, without torch",
+    "convert": "a datamodule's splits to LitData chunks for streaming",
+    "diff": "what differs between two runs: config, environment, code",
+    "tune": "a learning-rate range test on the configured optimizer",
+}
+FIRST = ("-c", "--config", "--print_config")  # what LightningCLI takes before its subcommand
+
+
+def usage() -> str:
+    """Every subcommand, each in a line (LightningCLI's own help names only its four)."""
+    rows = "\n".join(f"  {name:<9} {about}" for name, about in {**LIGHTNING, **ABOUT}.items())
+    return f"usage: kiln [-v] <subcommand> [options]   (kiln <subcommand> --help for its options)\n\n{rows}"
+
+
 def _command(argv: list[str], given: bool) -> Callable[[], object]:
     """What runs ``argv``'s subcommand (``given``: passed in, not this process's command line, which
     LightningCLI reads itself)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        sys.exit(0 if argv else 2)  # `kiln` alone did nothing
+    if argv[0].startswith("-") and argv[0].split("=", 1)[0] not in FIRST:
+        raise UsageError(f"kiln {argv[0]}: unknown option before the subcommand; `kiln --help` lists the subcommands")
+    if argv[0] not in (*COMMANDS, *LIGHTNING) and not argv[0].startswith("-"):
+        close = difflib.get_close_matches(argv[0], [*LIGHTNING, *COMMANDS], n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UsageError(f"kiln {argv[0]}: no such subcommand{hint} (`kiln --help` lists them)")
     if argv[:1] and argv[0] in COMMANDS:
         module, name = COMMANDS[argv[0]]
         run = getattr(importlib.import_module(module), name)

@@ -35,6 +35,8 @@ def parse(args: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--min_lr", type=float, default=1e-7, help="the rate the test starts at")
     parser.add_argument("--max_lr", type=float, default=1.0, help="the rate it ends at (or stops before: loss x4)")
     parser.add_argument("--num_training", type=int, default=100, help="optimizer steps of the test")
+    if args[:1] in (["-h"], ["--help"]):
+        parser.parse_args(["--help"])  # its usage, exit 0: lr is the one thing it tunes
     if not args[:1] == ["lr"]:
         raise UsageError("kiln tune: say what to tune: `kiln tune lr [options] -- <kiln fit arguments>`")
     options, fit_args = parse_command(parser, args[1:])

@@ -53,3 +53,17 @@ def print_summary(results: list[TestResult], run_dir: Path | None, wandb_sync: s
     console.rule("Run summary", align="left")
     for line in lines:
         console.print(line)
+
+
+def print_untested(metrics: dict[str, float], weights: Path | None, run_dir: Path, wandb_sync: str | None) -> None:
+    """After a fit without its test: the last validation, the weights, and the command that tests them."""
+    lines = [f"[bold]{key}[/bold] {value:.4f} (last validation)" for key, value in sorted(metrics.items())]
+    if weights is not None:
+        lines.append(f"[bold]not tested[/bold] (run.test_after_fit false): kiln test --ckpt_path {weights}")
+    lines.append(f"[bold]run folder[/bold] {run_dir}")
+    if wandb_sync:
+        lines.append(f"[bold]W&B offline; upload with[/bold] {wandb_sync}")
+    console = Console(soft_wrap=True)
+    console.rule("Run summary", align="left")
+    for line in lines:
+        console.print(line)

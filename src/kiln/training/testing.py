@@ -12,7 +12,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from kiln import console
 from kiln.files import written_whole
 from kiln.runs.folders import layout, read_metrics
-from kiln.runs.summary import TestResult, print_summary, wandb_sync_command
+from kiln.runs.summary import TestResult, print_summary, print_untested, wandb_sync_command
 from kiln.training.checkpointing import load_checkpoint_file
 from kiln.wandb.mode import finish_wandb
 
@@ -62,6 +62,21 @@ def test_after_fit(
         if console.run_summary_wanted():
             print_summary(results, run_dir, sync)
     return results[0].metrics
+
+
+def summarize_untested(trainer: Trainer) -> None:
+    """A fit without its test ends on a summary too: its last validation, the weights to test, its run folder."""
+    if not trainer.is_global_zero:
+        return
+    run_dir = Path(trainer.default_root_dir)
+    sync = wandb_sync_command(trainer)
+    finish_wandb()
+    if not console.run_summary_wanted():
+        return
+    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
+    weights = Path(best) if best else (layout(run_dir).last if layout(run_dir).last.is_file() else None)
+    validation = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+    print_untested(validation, weights, run_dir, sync)
 
 
 def update_metrics(run_dir: str | Path, **sections: Any) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from kiln import console
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import (
@@ -66,10 +67,11 @@ def run_trial(
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
     try:
-        if subprocess_trials:
-            fit_trial_process(args, trial, sweep, sweep_dir, storage)
-        else:
-            fit(args)
+        with console.run_summary_off():  # the sweep prints a line per trial, and its table
+            if subprocess_trials:
+                fit_trial_process(args, trial, sweep, sweep_dir, storage)
+            else:
+                fit(args)
     except AlreadyFinished:
         pass  # trained before the last driver stopped: its reported values stand
     except (SIGTERMException, *STOPPED):

@@ -64,6 +64,9 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     config = portable(config, run_dir)
     config.setdefault("run", {})["name"] = f"{sweep.name}-best"
     config["run"]["root"] = "runs"
+    given = " ".join(sweep.args).replace("test_after_fit ", "test_after_fit=")
+    # trials skip the test (the sweep needs validation only); the rerun tests, unless the sweep's own args said no
+    config["run"]["test_after_fit"] = "test_after_fit=false" not in given.lower()
     path = sweep_dir / "best.yaml"
     header = f"# trial {best.number} of sweep {sweep.name}: {sweep.metric} {best.value:.6g}\n"
     with written_whole(path) as partial:
