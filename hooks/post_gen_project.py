@@ -25,6 +25,15 @@ NAME = {{ cookiecutter.project_name | jsonify }}  # noqa: F821
 AUTHOR = {{ cookiecutter.author | jsonify }}  # noqa: F821
 DESCRIPTION = {{ cookiecutter.description | jsonify }}  # noqa: F821
 # fmt: on
+
+
+def whole(text: str) -> str:
+    """JSON writes a character beyond U+FFFF (an emoji) as a surrogate pair, which Python keeps as two halves that
+    UTF-8 cannot write: join them."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16")
+
+
+NAME, AUTHOR, DESCRIPTION = whole(NAME), whole(AUTHOR), whole(DESCRIPTION)
 TEMPLATE = "{{ cookiecutter._template | default('') }}"
 OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neither
 

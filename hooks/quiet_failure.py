@@ -16,7 +16,7 @@ from jinja2.ext import Extension
 class _NoTraceback(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.exc_info, record.exc_text = None, None
-        return True
+        return not str(record.msg).startswith("Stopping generation")  # the hook's own line said why
 
 
 class QuietHookFailure(Extension):

@@ -187,13 +187,16 @@ def test_a_package_name_that_cannot_work_is_refused_before_generation(
     (line,) = [line for line in printed.splitlines() if line.startswith("error:")]
     assert why in line and "package_name" in line
     assert "Traceback" not in printed  # cookiecutter's log of a failed hook, quietened by hooks/quiet_failure.py
+    # the hook's line, then cookiecutter's own (its CLI echoes the failure); its "Stopping generation" log is dropped
+    assert [line for line in printed.splitlines() if line.strip()][1:] == ["Hook script failed (exit status: 1)"]
     assert list(tmp_path.iterdir()) == []  # nothing generated
 
 
 def test_any_description_is_accepted_as_written(template: Path, tmp_path: Path) -> None:
     from cookiecutter.main import cookiecutter
 
-    description = "Détection d'objets — «rétine» 網膜 ''' \\u00e9 \"quoted\" \\ back"  # was re.error: bad escape \u
+    # was re.error (bad escape \u), then a UnicodeEncodeError traceback for a character beyond U+FFFF (an emoji)
+    description = "Détection d'objets — «rétine» 網膜 ''' \\u00e9 \"quoted\" \\ back 🔥"
     made = Path(cookiecutter(str(template), no_input=True, output_dir=str(tmp_path),
                              extra_context={"project_name": "Retina", "description": description}))  # fmt: skip
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
