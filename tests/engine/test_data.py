@@ -14,9 +14,10 @@ from urllib.error import URLError
 
 import pytest
 import torch
-from dataset_files import write_mnist
+from dataset_files import write_cifar10, write_mnist
 from torch.utils.data import SequentialSampler
 
+from kiln.commands.boundary import main
 from kiln.data import CIFAR10DataModule, FashionMNISTDataModule, MNISTDataModule, SyntheticDataModule
 from kiln.data.sampling import ResumableSampler
 from kiln.errors import DataError, MissingDataError
@@ -213,3 +214,16 @@ def test_float_targets_of_data_that_declares_classes_stop_in_one_line_never_trun
     kept.num_classes = None  # no classes declared: real-valued targets stay as they are
     dataset = kept.make_dataset(torch.zeros(4, 3, 32, 32), torch.tensor([0.5, 1.0, 2.7, 3.0]), train=False)
     assert dataset.targets.dtype == torch.float32 and dataset[2][1].item() == pytest.approx(2.7)
+
+
+def test_cifar_files_that_fail_torchvisions_md5_check_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """It was an internal error (RuntimeError: Dataset not found or corrupted)."""
+    write_cifar10(tmp_path / "data" / "cifar-10-batches-py", n_per_batch=20, seed=0)  # not the release's bytes
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--data", "kiln.data.CIFAR10DataModule", f"--data.init_args.data_dir={tmp_path / 'data'}",
+              "--trainer.fast_dev_run=true", "--trainer.logger=false"])  # fmt: skip
+    assert stop.value.code != 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "fail torchvision's check against the official release" in line and "internal error" not in line

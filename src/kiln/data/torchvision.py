@@ -81,7 +81,14 @@ class TorchvisionDataModule(TensorDataModule):
             raise MissingDataError(f"{where} and the download failed ({reason}): copy them there") from None
 
     def _load(self, train: bool) -> tuple[Tensor, Tensor]:
-        dataset = self.dataset_class(str(self.data_dir), train=train, download=False)
+        try:
+            dataset = self.dataset_class(str(self.data_dir), train=train, download=False)
+        except RuntimeError as err:  # CIFAR: a file whose MD5 is not the release's ("not found or corrupted")
+            raise MissingDataError(
+                f"{self.dataset_class.__name__} files in {self.files_dir.resolve()} fail torchvision's check against "
+                f"the official release ({str(err).splitlines()[0]}): replace them with the release's files, or "
+                "delete them and set data.init_args.download=true"
+            ) from None
         images = torch.as_tensor(dataset.data)
         images = images.unsqueeze(1) if images.ndim == 3 else images.permute(0, 3, 1, 2)
         return images.contiguous(), torch.as_tensor(dataset.targets)
