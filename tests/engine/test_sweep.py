@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -443,3 +444,29 @@ def test_a_study_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, capsys: py
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left on its disk" in line and "restore" not in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root")
+def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Optuna's StorageInternalError (database or disk is full) was an internal error."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
+    spec = sweep_file(tmp_path, n_trials=1, args=["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), *QUIET])
+    command = ["sweep", "-c", str(spec), "--storage", f"sqlite:///{disk / 'study.db'}"]
+    try:
+        main(command)  # the study exists, with one trial
+        with (disk / "filler").open("wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:  # then the disk fills up
+                filler.write(b"\0" * 4096)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            main([*command, "--n_trials", "3"])
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+    assert stop.value.code != 0
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "no space left" in line and "internal error" not in line
