@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -267,8 +268,11 @@ def test_a_requeued_slurm_task_takes_back_its_own_trial_only(monkeypatch: pytest
     monkeypatch.setattr(study, "OWNER", study._owner())
     assert study.OWNER == "slurm:77_3"
     assert not study.alive("slurm:77_3")  # this task's run before the requeue: resume its trial
-    assert study.alive("slurm:77_4")  # another task's: still running somewhere
-    assert study.alive("elsewhere-host:1")  # another machine: never judged dead
+    assert study.alive("slurm:77_4")  # another task's, without a heartbeat (a driver before heartbeats)
+    assert study.alive("elsewhere-host:1")  # another machine's, the same
+    assert study.alive("elsewhere-host:1", time.time() - 60)  # its heartbeat is recent
+    assert not study.alive("elsewhere-host:1", time.time() - study.STALE - 1)  # it stopped: the host died
+    assert not study.alive("slurm:77_4", time.time() - study.STALE - 1)
     assert not study.alive(f"{study.socket.gethostname()}:999999999")  # no such process here
 
 
@@ -470,3 +474,24 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
     assert stop.value.code != 0
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left" in line and "internal error" not in line
+
+
+@pytest.mark.slow
+def test_a_trial_whose_host_died_is_resumed_and_one_whose_heartbeat_goes_on_is_left_alone(tmp_path: Path) -> None:
+    """A worker killed on another host left its trial RUNNING for good, holding one of n_trials."""
+    import optuna
+
+    spec = sweep_file(tmp_path, n_trials=1)
+    command = ["sweep", "-c", str(spec), "--root", str(tmp_path / "runs" / "sweeps")]
+    main([*command, "--report"])  # creates the study, runs nothing
+    held = study(tmp_path)
+    trial = held.ask()  # a driver on another host drew it, then went on beating, or died
+    trial.set_user_attr("owner", "elsewhere-host:4242")
+    trial.set_user_attr("heartbeat", time.time())
+    main(command)
+    assert states(study(tmp_path)) == ["RUNNING"]  # alive elsewhere: counted, not taken over
+    trial.set_user_attr("heartbeat", time.time() - 3600)  # its host died an hour ago
+    main(command)
+    (resumed,) = study(tmp_path).get_trials()
+    assert resumed.state == optuna.trial.TrialState.COMPLETE and resumed.user_attrs["heartbeat"] > time.time() - 60
+    assert (tmp_path / "runs" / "sweeps" / "tiny" / "trial-0000").is_dir()  # in its own folder

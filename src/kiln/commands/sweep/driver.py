@@ -32,7 +32,7 @@ from kiln.commands.sweep.inprocess import (
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
-from kiln.commands.sweep.study import OWNER, open_study, orphans, storage_for
+from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, storage_for
 from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
 from kiln.process import stop_signals
 from kiln.runs import folders
@@ -67,7 +67,7 @@ def run_trial(
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
     try:
-        with console.run_summary_off():  # the sweep prints a line per trial, and its table
+        with console.run_summary_off(), beating(trial):  # the sweep prints a line per trial, and its table
             if subprocess_trials:
                 fit_trial_process(args, trial, sweep, sweep_dir, storage)
             else:
@@ -156,20 +156,30 @@ def _counted(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=tuple(TrialState[s] for s in COUNTED)))
 
 
+def resume_orphans(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | None, subprocess_trials: bool) -> None:
+    """Resume, each in its own folder from its last.ckpt, the trials whose driver is gone (here or elsewhere)."""
+    import optuna
+
+    for orphan in orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
+        reopened = optuna.trial.Trial(study, orphan._trial_id)
+        if not claim(study, reopened):
+            print(f"trial-{orphan.number:04d}: another driver took it over", file=sys.stderr)
+            continue
+        print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
+        run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
+        stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
+
+
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
     """Run trials until the study holds ``n_trials`` complete, pruned or running ones, resuming orphaned ones
     first; failed trials do not count, up to ``n_trials`` of them in one run of the command."""
-    import optuna
     from optuna.trial import TrialState
 
     sweep_dir = root / sweep.name
     study = open_study(sweep, storage_for(sweep_dir, storage))
     refuse_changed_space(sweep, study)
     check_space(sweep, sweep_dir)
-    for orphan in orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
-        print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
-        reopened = optuna.trial.Trial(study, orphan._trial_id)
-        run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
+    resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)
     if not study.get_trials(deepcopy=False):
         for values in sweep.enqueue:  # first, the settings the sweep file names
             study.enqueue_trial(values)
@@ -180,6 +190,9 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
     states: list[str] = []
     while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
         stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
+        resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)  # a worker died meanwhile, anywhere
+        if _counted(study) >= sweep.n_trials:
+            break
         trial = study.ask()
         if _counted(study) > sweep.n_trials:  # another worker took the last one meanwhile (this one counts too)
             trial.set_user_attr("surplus", True)

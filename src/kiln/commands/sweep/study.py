@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,30 +122,69 @@ def open_study(sweep: Sweep, storage: Any) -> Any:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def alive(owner: str) -> bool:
+HEARTBEAT = 60  # seconds between a running trial's heartbeats (its driver writes them)
+STALE = 600  # a trial of another host whose heartbeat is older than this is taken for dead (clocks may differ)
+
+
+def alive(owner: str, heartbeat: float | None = None) -> bool:
+    """Whether a RUNNING trial's driver still runs: this host asks the process; another host's trial is alive
+    while its heartbeat is recent (or when it has none: a driver from before heartbeats)."""
     if owner.startswith("slurm:"):
-        return owner != OWNER  # our own task's earlier run (requeued): gone; another task's: running
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname():
-        return True  # another machine's worker: not ours to judge
+        if owner == OWNER:
+            return False  # our own task's earlier run (requeued): gone
+    else:
+        host, _, pid = owner.rpartition(":")
+        if host == socket.gethostname():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return False
+            except (PermissionError, ValueError):
+                return True
+            return True
+    return heartbeat is None or time.time() - heartbeat < STALE
+
+
+@contextmanager
+def beating(trial: Any) -> Iterator[None]:
+    """Write the trial's heartbeat (a user attribute, in every Optuna storage) every ``HEARTBEAT`` seconds while
+    it runs: a driver on another host takes a trial whose heartbeat stopped for dead, and resumes it. Optuna's own
+    heartbeat is for database storages only, and fails a stale trial (its retry starts over from scratch)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a storage hiccup: the next beat tries again
+                trial.set_user_attr("heartbeat", time.time())
+            if stop.wait(HEARTBEAT):
+                return
+
+    thread = threading.Thread(target=beat, name="kiln-sweep-heartbeat", daemon=True)
+    thread.start()
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def claim(study: Any, trial: Any) -> bool:
+    """Take over an orphan: write this driver as its owner, then read it back after a pause. Of drivers that took
+    it at once, the last writer keeps it (no storage offers a compare-and-set on a trial)."""
+    trial.set_user_attr("owner", OWNER)
+    trial.set_user_attr("heartbeat", time.time())
+    time.sleep(1.0)
+    now = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    return bool(now.user_attrs.get("owner") == OWNER)
 
 
 def orphans(study: Any) -> list[Any]:
-    """Trials left RUNNING by a driver of this machine that is gone (killed, preempted): to resume."""
+    """Trials left RUNNING by a driver that is gone (killed, preempted; on another host, its heartbeat stopped):
+    to resume."""
     from optuna.trial import TrialState
 
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if not alive(t.user_attrs.get("owner", ""))
-    ]
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [t for t in running if not alive(t.user_attrs.get("owner", ""), t.user_attrs.get("heartbeat"))]
 
 
 def reopen_trial(spec: str) -> Any:
