@@ -175,3 +175,18 @@ def test_a_stop_as_a_subprocess_run_ends_fitting_stops_the_command_and_the_rerun
     assert json.loads((seed0 / "metrics.json").read_text())["global_step"] == 10  # tested, not trained again
     with (root / "results.csv").open() as f:
         assert {int(r["n"]) for r in csv.DictReader(f)} == {2}
+
+
+@pytest.mark.slow
+def test_two_multiruns_on_one_folder_train_each_run_once_and_both_aggregate_all(tmp_path: Path) -> None:
+    """Two multiruns on one folder (two machines on a shared disk) trained every run twice."""
+    command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "0-3", "--", *LIMIT, *QUIET]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    workers = [subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [worker.communicate(timeout=300)[1] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    root = tmp_path / "runs" / "multirun" / "multirun"
+    trained = {seed: [p for p in (root / "base" / f"seed{seed}").iterdir() if p.is_dir()] for seed in range(4)}
+    assert all(len(runs) == 1 for runs in trained.values()), trained  # once each, by one or the other
+    with (root / "results.csv").open() as f:  # the one written last; each multirun's table had all four
+        assert {int(r["n"]) for r in csv.DictReader(f)} == {4}

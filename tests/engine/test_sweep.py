@@ -444,12 +444,13 @@ def test_a_study_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, capsys: py
         with pytest.raises(SystemExit) as stop:
             main(["sweep", "-c", str(sweep_file(tmp_path)), "--storage", f"sqlite:///{disk / 'study.db'}"])
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left on its disk" in line and "restore" not in line
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root")
 def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture
@@ -470,7 +471,7 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
         with pytest.raises(SystemExit) as stop:
             main([*command, "--n_trials", "3"])
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code != 0
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left" in line and "internal error" not in line

@@ -84,7 +84,7 @@ this_run: Path | None = None  # the run folder of this process's current command
 created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
 
 
-def _first_missing(path: Path) -> Path | None:
+def first_missing(path: Path) -> Path | None:
     """The highest of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)`` creates)."""
     top = None
     for folder in (path, *path.parents):
@@ -171,7 +171,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
         record_status("running")
         return resume
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
-    created_top = _first_missing(base)
+    created_top = first_missing(base)
     job = _job_id()
     if job is not None:
         run_dir = base / job

@@ -12,9 +12,13 @@ grid cell, each test metric once per set of weights the runs tested (``@best``, 
 from __future__ import annotations
 
 import csv
+import fcntl
 import itertools
 import math
+import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +181,78 @@ def _sum_up_stopped(name: str, root: Path, cell_runs: dict[str, list[Path]]) -> 
         aggregate(root, cell_runs)
 
 
+@contextmanager
+def claimed(folder: Path, wait: bool) -> Iterator[bool]:
+    """An exclusive lock on ``<folder>.lock`` while this multirun works on that run: multiruns on other machines
+    sharing the folder take the other runs (``wait``: block until the holder is done). A run that left nothing
+    leaves no lock file, nor a folder this made for it."""
+    lock_path = folder.parent / f"{folder.name}.lock"
+    created = folders.first_missing(lock_path.parent)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with lock_path.open("a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                if not folder.is_dir() or not any(folder.iterdir()):
+                    lock_path.unlink(missing_ok=True)
+    finally:
+        if created is not None and not any(path.is_file() for path in created.rglob("*")):
+            shutil.rmtree(created, ignore_errors=True)
+
+
+def _one_run(
+    name: str, run: list[str], root: Path, tested: bool, own_process: bool, cell_runs: dict[str, list[Path]],
+    failed: list[str],
+) -> Path | None:  # fmt: skip
+    """One planned run: skipped when done before, resumed when a stop cut it, else trained; its folder, if done."""
+    if stop_signals.received():
+        _sum_up_stopped(name, root, cell_runs)
+        stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
+    config = resolved_config(run)
+    done, other = finished(root / name, tested, config)
+    if done is not None:
+        print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
+        return done
+    cut = stopped(root / name, config)
+    if cut is not None:  # a stop cut it short: it goes on from its last.ckpt, in its own folder
+        print(f"{name}: resuming the run a stop cut short ({cut}) from its last.ckpt", file=sys.stderr)
+    elif other is not None:
+        print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
+    before = set((root / name).glob("*"))
+    quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
+    resume = ["--ckpt_path=last"] if cut is not None else []
+    try:
+        with console.run_summary_off():
+            fit_process([*run, *quiet, *resume]) if own_process else fit([*run, *quiet, *resume])
+    except (SIGTERMException, *STOPPED):
+        for new in set((root / name).glob("*")) - before:  # the same command resumes it
+            (new / CONFIG_FILE).write_text(config)
+        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
+        _sum_up_stopped(name, root, cell_runs)
+        raise  # stopped from outside: the same command resumes
+    except Exception as err:  # a user error or a crash: this run fails, the others go on
+        folders.remove_failed_run()
+        line = str(err).splitlines()[0] if str(err) else ""
+        print(f"{name}: failed: {line if isinstance(err, KilnError) else f'{type(err).__name__}: {line}'}",
+              file=sys.stderr)  # fmt: skip
+        if isinstance(err, NeedsOwnProcess):
+            raise  # every run would fail the same way
+        failed.append(name)
+        return None
+    for new in set((root / name).glob("*")) - before:
+        (new / CONFIG_FILE).write_text(config)
+    done, _ = finished(root / name, tested, config)
+    if done is not None:
+        print(f"{name}: {describe_run(done)}", file=sys.stderr)
+    return done
+
+
 def multirun_command(args: list[str]) -> None:
     """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
     parser = OneLineParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
@@ -198,51 +274,24 @@ def multirun_command(args: list[str]) -> None:
         for cell in grid(options.grid)
         for seed, fold in itertools.product(seeds(options.seeds), folds)
     ]
-    failed = []
+    failed: list[str] = []
+    waiting = []
     for cell, seed, fold in planned:
         name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
         fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
         run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
                f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
-        if stop_signals.received():
-            _sum_up_stopped(name, root, cell_runs)
-            stop_signals.stop_here(f"kiln multirun stopped before {name}; the same command goes on from there")
-        config = resolved_config(run)
-        done, other = finished(root / name, tested, config)
-        if done is not None:
-            print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
-        else:
-            cut = stopped(root / name, config)
-            if cut is not None:  # a stop cut it short: it goes on from its last.ckpt, in its own folder
-                print(f"{name}: resuming the run a stop cut short ({cut}) from its last.ckpt", file=sys.stderr)
-            elif other is not None:
-                print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
-            before = set((root / name).glob("*"))
-            quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
-            resume = ["--ckpt_path=last"] if cut is not None else []
-            try:
-                with console.run_summary_off():
-                    fit_process([*run, *quiet, *resume]) if options.subprocess else fit([*run, *quiet, *resume])
-            except (SIGTERMException, *STOPPED):
-                for new in set((root / name).glob("*")) - before:  # the same command resumes it
-                    (new / CONFIG_FILE).write_text(config)
-                print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
-                _sum_up_stopped(name, root, cell_runs)
-                raise  # stopped from outside: the same command resumes
-            except Exception as err:  # a user error or a crash: this run fails, the others go on
-                folders.remove_failed_run()
-                line = str(err).splitlines()[0] if str(err) else ""
-                print(f"{name}: failed: {line if isinstance(err, KilnError) else f'{type(err).__name__}: {line}'}",
-                      file=sys.stderr)  # fmt: skip
-                if isinstance(err, NeedsOwnProcess):
-                    raise  # every run would fail the same way
-                failed.append(name)
+        with claimed(root / name, wait=False) as mine:
+            if not mine:
+                print(f"{name}: another multirun is training it; taken up at the end", file=sys.stderr)
+                waiting.append((cell, name, run))
                 continue
-            for new in set((root / name).glob("*")) - before:
-                (new / CONFIG_FILE).write_text(config)
-            done, _ = finished(root / name, tested, config)
-            if done is not None:
-                print(f"{name}: {describe_run(done)}", file=sys.stderr)
+            done = _one_run(name, run, root, tested, options.subprocess, cell_runs, failed)
+        if done is not None:
+            cell_runs.setdefault(cell_name(cell), []).append(done)
+    for cell, name, run in waiting:  # what another multirun trained meanwhile is done; what it left, trained here
+        with claimed(root / name, wait=True):
+            done = _one_run(name, run, root, tested, options.subprocess, cell_runs, failed)
         if done is not None:
             cell_runs.setdefault(cell_name(cell), []).append(done)
     if cell_runs:
