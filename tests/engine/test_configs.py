@@ -151,6 +151,10 @@ def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_pat
                "--trainer.strategy", strategy, "--run.root", str(tmp_path / strategy)]  # fmt: skip
         env = {**os.environ, "WANDB_MODE": "disabled"}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        if strategy == "ddp_spawn" and "terminate called without an active exception" in done.stderr:
+            # a spawned gloo rank that aborts as it exits (torch's C++ teardown; once in CI, never in 7 runs here):
+            # said in the README; once more, and it must not happen twice
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         (run_dir,) = (tmp_path / strategy / "digits").iterdir()  # one run folder, not one per rank
         assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in (run_dir / "console.log").read_text() + (
