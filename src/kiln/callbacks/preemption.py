@@ -58,6 +58,15 @@ def _stage(trainer: Trainer) -> str:
     return trainer.state.stage.value if trainer.state.stage else "evaluation"  # "test", not "RunningStage.TESTING"
 
 
+def _ours(name: str | None, trainer: Trainer) -> str | None:
+    """The stop kiln acts on: none for a SIGTERM Lightning's own handler took (one process), which stops its loop."""
+    return None if name == "SIGTERM" and trainer.received_sigterm else name
+
+
+def _last_checkpoint(trainer: Trainer) -> LastCheckpoint | None:
+    return next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
+
+
 def _requeue(trainer: Trainer) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and trainer.is_global_zero and shutil.which("scontrol"):
@@ -83,9 +92,13 @@ class PreemptionCheckpoint(Callback):
         self._stopped = False  # this callback raised the stop (and saved, in fit): on_exception has nothing to add
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
-        owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
+        owner = _last_checkpoint(trainer)
         self.saved = owner.save(trainer) if owner is not None else save_last(trainer)
-        where = " (in validation, which runs again on resume)" if self._cut_validation else ""
+        self._say_saved(
+            trainer, signal_name, " (in validation, which runs again on resume)" if self._cut_validation else ""
+        )
+
+    def _say_saved(self, trainer: Trainer, signal_name: str, where: str) -> None:
         say(
             f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
             "run the same command with `--ckpt_path last` to continue"
@@ -98,14 +111,13 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
-        name = agreed_stop(trainer)
-        if name is None or (name == "SIGTERM" and trainer.received_sigterm):
-            return  # one process: Lightning's handler stops its loop at the end of the step the signal came in
-        owner = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
+        name = _ours(agreed_stop(trainer), trainer)
+        if name is None:
+            return  # no stop, or Lightning's handler stops its loop at the end of the step the signal came in
+        owner = _last_checkpoint(trainer)
         if owner is not None and owner.holds(trainer):  # an epoch's first batch: its end wrote this very state
             self.saved = owner.path(trainer)  # (saved again here, Lightning would resume one logged step off)
-            say(f"{name}: stopped after step {trainer.global_step}, at an epoch's end, saved {self.saved}; run the "
-                "same command with `--ckpt_path last` to continue")  # fmt: skip
+            self._say_saved(trainer, name, ", at an epoch's end")
         else:
             self._before_batch = True
             try:
@@ -121,9 +133,9 @@ class PreemptionCheckpoint(Callback):
     def _stop_evaluation(self, trainer: Trainer, batch_idx: int) -> None:
         if trainer.state.fn == "fit":
             return  # in fit, validation finishes and training stops at its next step
-        name = stop_signals.received()  # each rank where it is: evaluation ranks may have unequal batch counts
-        if name is None or (name == "SIGTERM" and trainer.received_sigterm):
-            return  # one process: Lightning's handler stops its loop at the end of this batch
+        name = _ours(stop_signals.received(), trainer)  # each rank where it is: its batch count may differ
+        if name is None:
+            return  # no stop, or Lightning's handler stops its loop at the end of this batch
         if name == "SIGTERM":  # came before the stage began, or under DDP
             raise SIGTERMException
         _requeue(trainer)

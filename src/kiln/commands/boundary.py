@@ -13,7 +13,6 @@ import errno
 import importlib
 import logging
 import os
-import signal
 import sys
 import tempfile
 import traceback
@@ -37,7 +36,6 @@ COMMANDS = {
     "diff": ("kiln.commands.diff", "diff_command"),  # what differs between two runs: config, environment, code
     "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
-SIGNAL_EXIT = {"SIGTERM": 128 + signal.SIGTERM, "SIGUSR1": 128 + signal.SIGUSR1}
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -176,18 +174,18 @@ def main(args: list[str] | None = None) -> None:
     except KilnError as err:
         _leave(f"error: {err}", err.exit_code)
     except Stopped as stop:
-        _leave(str(stop), SIGNAL_EXIT[stop.signal_name], remove_run=False)
+        _leave(str(stop), stop_signals.exit_code(stop.signal_name), remove_run=False)
     except Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
         sys.exit(stop.code)
     except Preempted as stop:
         _record("interrupted", f"SIGUSR1: {stop}")
-        sys.exit(SIGNAL_EXIT["SIGUSR1"])  # PreemptionCheckpoint said where it saved
+        sys.exit(stop_signals.exit_code("SIGUSR1"))  # PreemptionCheckpoint said where it saved
     except KeyboardInterrupt:
         _leave("stopped (Ctrl-C)", 130, remove_run=False)
     except SystemExit as stop:
         if type(stop).__name__ == "SIGTERMException":  # Lightning's: PreemptionCheckpoint said where it saved
             _record("interrupted", "SIGTERM")
-            sys.exit(SIGNAL_EXIT["SIGTERM"])
+            sys.exit(stop_signals.exit_code("SIGTERM"))
         raise
     except Exception as err:  # an OSError a user can act on, or an internal error
         _leave(partial(_unexpected, err), 1)

@@ -25,9 +25,13 @@ def note(signum: int, frame: Any = None) -> None:
     _received.append(signal.Signals(signum).name)
 
 
-def exit_code() -> int:
-    """What a command stopped by the last stop signal exits with (128 + the signal, as the shell reports)."""
-    return 128 + signal.Signals[_received[-1]].value
+def exit_code(name: str | None = None) -> int:
+    """What a command stopped by ``name`` (default: the last stop signal) exits with: 128 + the signal, as the
+    shell reports it."""
+    return 128 + signal.Signals[name or _received[-1]].value
+
+
+EXIT_CODES = tuple(exit_code(signum.name) for signum in STOP_SIGNALS)  # a command a stop signal ended
 
 
 def received() -> str | None:

@@ -46,13 +46,7 @@ def print_summary(results: list[TestResult], run_dir: Path | None, wandb_sync: s
             lines.append(f"[bold]tested {r.label}[/bold] {r.checkpoint} (step {r.step})")
         else:
             lines.append(f"[bold]tested the final weights[/bold] (step {r.step}; no checkpoint was saved)")
-    lines.append(f"[bold]run folder[/bold] {run_dir}")
-    if wandb_sync:
-        lines.append(f"[bold]W&B offline; upload with[/bold] {wandb_sync}")
-    console = Console(soft_wrap=True)
-    console.rule("Run summary", align="left")
-    for line in lines:
-        console.print(line)
+    _print(lines, run_dir, wandb_sync)
 
 
 def print_untested(metrics: dict[str, float], weights: Path | None, run_dir: Path, wandb_sync: str | None) -> None:
@@ -60,7 +54,12 @@ def print_untested(metrics: dict[str, float], weights: Path | None, run_dir: Pat
     lines = [f"[bold]{key}[/bold] {value:.4f} (last validation)" for key, value in sorted(metrics.items())]
     if weights is not None:
         lines.append(f"[bold]not tested[/bold] (run.test_after_fit false): kiln test --ckpt_path {weights}")
-    lines.append(f"[bold]run folder[/bold] {run_dir}")
+    _print(lines, run_dir, wandb_sync)
+
+
+def _print(lines: list[str], run_dir: Path | None, wandb_sync: str | None) -> None:
+    """The summary's lines, then the run folder and the W&B upload command, under one rule."""
+    lines = [*lines, f"[bold]run folder[/bold] {run_dir}"]
     if wandb_sync:
         lines.append(f"[bold]W&B offline; upload with[/bold] {wandb_sync}")
     console = Console(soft_wrap=True)

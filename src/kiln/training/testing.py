@@ -74,7 +74,8 @@ def summarize_untested(trainer: Trainer) -> None:
     if not console.run_summary_wanted():
         return
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
-    weights = Path(best) if best else (layout(run_dir).last if layout(run_dir).last.is_file() else None)
+    last = layout(run_dir).last
+    weights = Path(best) if best else (last if last.is_file() else None)
     validation = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
     print_untested(validation, weights, run_dir, sync)
 

@@ -147,6 +147,7 @@ def _shown(distribution: Any) -> str:
     return "(absent)" if distribution is None else repr(distribution).replace("Distribution", "")
 
 
+BETWEEN = "kiln sweep stopped between trials; the same command goes on from there"
 COUNTED = ("COMPLETE", "PRUNED", "RUNNING")  # what n_trials counts: a failed trial does not use it up
 
 
@@ -167,7 +168,7 @@ def resume_orphans(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | Non
             continue
         print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
         run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
-        stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
+        stop_signals.stop_here(BETWEEN)
 
 
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
@@ -189,16 +190,14 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
         return study
     states: list[str] = []
     while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
-        stop_signals.stop_here("kiln sweep stopped between trials; the same command goes on from there")
-        resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)  # a worker died meanwhile, anywhere
-        if _counted(study) >= sweep.n_trials:
-            break
+        stop_signals.stop_here(BETWEEN)
         trial = study.ask()
         if _counted(study) > sweep.n_trials:  # another worker took the last one meanwhile (this one counts too)
             trial.set_user_attr("surplus", True)
             study.tell(trial, state=TrialState.FAIL)
             break
         states.append(run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials))
+        resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)  # a worker died meanwhile, anywhere
     if states and states.count("FAIL") == len(states):
         report(study, sweep, sweep_dir)
         raise KilnError(f"sweep {sweep.name}: every trial this run started failed ({len(states)}); each one's line "

@@ -69,9 +69,6 @@ def describe(values: dict[str, Any]) -> str:
     )
 
 
-STOP = (signal.SIGTERM, signal.SIGUSR1)
-
-
 def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
     """``kiln fit <args>`` as its own process (DDP starts its ranks from that command line); its stderr
     passes through. A stop signal to this process is noted here and goes on to it, which saves and exits:
@@ -87,7 +84,7 @@ def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
         stop_signals.note(signum)
         child.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in STOP}
+    previous = {signum: signal.signal(signum, forward) for signum in stop_signals.STOP_SIGNALS}
     try:
         reason = _relay(child)
     finally:
@@ -95,16 +92,15 @@ def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     code = child.returncode
-    if code in SIGNAL_CODES or -code in STOP:  # stopped: saved and exited, or killed before kiln's handler
-        raise Interrupted(abs(code) + (128 if code < 0 else 0))
+    if code in stop_signals.EXIT_CODES:  # stopped: saved and exited
+        raise Interrupted(code)
+    if -code in stop_signals.STOP_SIGNALS:  # killed by a stop signal before kiln's handler was installed
+        raise Interrupted(stop_signals.exit_code(signal.Signals(-code).name))
     if code and stop_signals.received():  # whatever it ended with, a stop came: the rerun resumes it
         raise Interrupted(stop_signals.exit_code())
     if code:
         raise KilnError(reason or (f"`kiln fit` was killed by {signal.Signals(-code).name}" if code < 0 else
                                    f"`kiln fit` exited {code}; its output above says why"))  # fmt: skip
-
-
-SIGNAL_CODES = tuple(128 + signum for signum in STOP)
 
 
 def _relay(child: subprocess.Popen) -> str:

@@ -206,6 +206,12 @@ def claimed(folder: Path, wait: bool) -> Iterator[bool]:
             shutil.rmtree(created, ignore_errors=True)
 
 
+def _note_config(folder: Path, before: set[Path], config: str) -> None:
+    """The resolved config beside each run folder the run made: a rerun reuses a run only if it is the same."""
+    for new in set(folder.glob("*")) - before:
+        (new / CONFIG_FILE).write_text(config)
+
+
 def _one_run(
     name: str, run: list[str], root: Path, tested: bool, own_process: bool, cell_runs: dict[str, list[Path]],
     failed: list[str],
@@ -231,8 +237,7 @@ def _one_run(
         with console.run_summary_off():
             fit_process([*run, *quiet, *resume]) if own_process else fit([*run, *quiet, *resume])
     except (SIGTERMException, *STOPPED):
-        for new in set((root / name).glob("*")) - before:  # the same command resumes it
-            (new / CONFIG_FILE).write_text(config)
+        _note_config(root / name, before, config)  # the same command resumes it
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
         _sum_up_stopped(name, root, cell_runs)
         raise  # stopped from outside: the same command resumes
@@ -245,8 +250,7 @@ def _one_run(
             raise  # every run would fail the same way
         failed.append(name)
         return None
-    for new in set((root / name).glob("*")) - before:
-        (new / CONFIG_FILE).write_text(config)
+    _note_config(root / name, before, config)
     done, _ = finished(root / name, tested, config)
     if done is not None:
         print(f"{name}: {describe_run(done)}", file=sys.stderr)
@@ -275,25 +279,26 @@ def multirun_command(args: list[str]) -> None:
         for seed, fold in itertools.product(seeds(options.seeds), folds)
     ]
     failed: list[str] = []
+
+    def take(cell: dict[str, str], name: str, run: list[str], wait: bool) -> bool:
+        """The run, unless another multirun holds it (``wait``: until it lets go); whether it was taken."""
+        with claimed(root / name, wait) as mine:
+            done = _one_run(name, run, root, tested, options.subprocess, cell_runs, failed) if mine else None
+        if done is not None:
+            cell_runs.setdefault(cell_name(cell), []).append(done)
+        return mine
+
     waiting = []
     for cell, seed, fold in planned:
         name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
         fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
         run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
                f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
-        with claimed(root / name, wait=False) as mine:
-            if not mine:
-                print(f"{name}: another multirun is training it; taken up at the end", file=sys.stderr)
-                waiting.append((cell, name, run))
-                continue
-            done = _one_run(name, run, root, tested, options.subprocess, cell_runs, failed)
-        if done is not None:
-            cell_runs.setdefault(cell_name(cell), []).append(done)
+        if not take(cell, name, run, wait=False):
+            print(f"{name}: another multirun is training it; taken up at the end", file=sys.stderr)
+            waiting.append((cell, name, run))
     for cell, name, run in waiting:  # what another multirun trained meanwhile is done; what it left, trained here
-        with claimed(root / name, wait=True):
-            done = _one_run(name, run, root, tested, options.subprocess, cell_runs, failed)
-        if done is not None:
-            cell_runs.setdefault(cell_name(cell), []).append(done)
+        take(cell, name, run, wait=True)
     if cell_runs:
         aggregate(root, cell_runs)
     if failed and len(failed) == len(planned):

@@ -41,7 +41,7 @@ def storage_for(sweep_dir: Path, given: str | None) -> Any:
                 "the sweep folder aside to start the sweep anew"
             )
         return f"sqlite:///{database}"
-    file = given.removeprefix("sqlite:///") if given.startswith("sqlite:///") else given
+    file = given.removeprefix("sqlite:///")
     if (given.startswith("sqlite:///") or given.endswith((".log", ".journal"))) and not Path(file).parent.is_dir():
         raise UsageError(
             f"--storage {given}: the folder {Path(file).parent} does not exist: create it (mkdir -p), or give a "
