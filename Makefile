@@ -45,7 +45,7 @@ train: ## Train the default experiment (override with EXP=, TRAINER=, LOGGER=, D
 sweep: ## Hyper-parameter sweep of configs/sweep/$(SWEEP).yaml (rerun to continue it; ARGS='--report' for the table only)
 	$(UV) run --no-sync kiln sweep -c configs/sweep/$(SWEEP).yaml $(ARGS)
 
-test: ## Run the whole test suite, as CI does (GPU tests skip without CUDA); in the template, the engine's suite
+test: ## Run the whole test suite on the CPU, as CI does (GPU tests: make test-gpu); in the template, the engine's suite
 	$(PYTEST) $(SUITE)
 
 test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook (nor its plugin: 1.3 s to import)

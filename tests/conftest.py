@@ -34,3 +34,25 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
     os.environ.clear()
     os.environ.update(before)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite runs on the CPU, where its runs repeat bitwise, unless it is asked for the GPU tests (``-m gpu``,
+    ``make test-gpu``): on a GPU machine ``make test`` passes as it does on CI (``accelerator: auto`` took the GPU,
+    and tests comparing two runs bit for bit failed), and ``make test-gpu`` checks the GPU."""
+    if not selects_gpu(config.option.markexpr):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read when CUDA starts: this process's and every subprocess's
+
+
+def selects_gpu(markexpr: str) -> bool:
+    """Whether a ``-m`` expression asks for the GPU tests."""
+    return "gpu" in markexpr.replace("not gpu", "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if selects_gpu(config.option.markexpr):
+        return
+    kept_off = pytest.mark.skip(reason="a GPU test: `make test-gpu` runs it (`make test` keeps to the CPU)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(kept_off)

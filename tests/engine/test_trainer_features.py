@@ -212,6 +212,12 @@ def test_slurm_preset_takes_the_cluster_from_the_environment(monkeypatch: pytest
     assert cli.trainer.default_root_dir.endswith("digits/job-4242")  # a requeued job finds its folder
 
 
+def test_the_suite_keeps_to_the_cpu_unless_asked_for_the_gpu_tests() -> None:
+    """On a GPU machine (an H100) `make test` trained on the GPU (``accelerator: auto``), and 5 tests that compare
+    runs bit for bit or feed CPU tensors failed; `make test-gpu` (``-m gpu``) is where the GPU is tested."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and not torch.cuda.is_available()
+
+
 # GPU variants: `make test-gpu` on a CUDA machine.
 @pytest.mark.gpu
 @CUDA
