@@ -327,6 +327,16 @@ def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.Capt
     assert again.run_dir == debug.run_dir and again.trainer.current_epoch == 3
 
 
+def test_one_batch_per_epoch_is_part_of_the_data_and_all_of_them_is_not() -> None:
+    """Lightning's ``limit_train_batches: 1`` is one batch, its ``1.0`` all of them: ``1 == 1.0`` made a one-batch
+    run a run on all of the data, which `--ckpt_path last` of a full run would then resume."""
+    from kiln.runs.folders import partial_data
+
+    assert partial_data({"limit_train_batches": 1}) == "limit_train_batches=1"
+    assert partial_data({"limit_val_batches": 1}) == "limit_val_batches=1"
+    assert partial_data({"limit_train_batches": 1.0, "limit_val_batches": None, "overfit_batches": 0.0}) is None
+
+
 @pytest.mark.slow
 def test_a_moved_run_folder_resumes_with_the_same_best_checkpoint_as_in_place(tmp_path: Path) -> None:
     quiet = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]

@@ -250,7 +250,10 @@ def partial_data(trainer: Any) -> str | None:
     get = trainer.get if hasattr(trainer, "get") else lambda key, default=None: default
     for key in PARTIAL:
         value = get(key, None)
-        full = value in (None, False, 0, 0.0) if key in ("fast_dev_run", "overfit_batches") else value in (None, 1.0)
+        if key in ("fast_dev_run", "overfit_batches"):
+            full = value in (None, False, 0, 0.0)
+        else:  # Lightning's 1.0 is all of the batches, its 1 (== 1.0 in Python) one batch
+            full = value is None or (isinstance(value, float) and value == 1.0)
         if not full:
             return f"{key}={value}"
     return None
