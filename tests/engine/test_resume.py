@@ -466,6 +466,24 @@ def test_a_plain_datamodule_resumes_mid_epoch_with_one_line_saying_it_is_not_exa
 
 
 @pytest.mark.slow
+def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_path: Path) -> None:
+    """A process inherits its parent's blocked signals: with SIGUSR1 blocked by what launched it (seen under
+    pytest on a GPU machine), the preemption warning stayed pending and the run trained on to its end, exit 0."""
+    command = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit",
+               "false", "--data.num_workers", "0", "--trainer.callbacks+=probes.SignalAtStep",
+               "--trainer.callbacks.step=3", "--trainer.callbacks.name=SIGUSR1",
+               f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+
+    def block() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
+    assert done.returncode == 138, done.stderr[-2000:]
+    assert "SIGUSR1: stopped after step 3" in done.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [16, 10], ids=["mid_epoch", "epoch_end"])
 def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_runs(tmp_path: Path, step: int) -> None:
     """Saved at the next batch's start, the checkpoint made Lightning count the last step again: every later row

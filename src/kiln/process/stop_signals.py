@@ -17,6 +17,7 @@ def install() -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:  # Lightning adds its SIGTERM handler to this one while a stage runs
             signal.signal(signum, note)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a launcher's blocked signals are inherited
     _received.clear()
 
 
