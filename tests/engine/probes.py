@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,26 @@ class SignalAtFitEnd(Callback):
         if self.only_in in str(trainer.default_root_dir) and not self.marker.exists():
             self.marker.touch()
             subprocess.run(["kill", f"-{self.signal}", "--", f"-{os.getpgrp()}"], check=False)
+
+
+class SignalAsItExits(Callback):
+    """At the exit of a run whose folder path holds ``only_in``, once, after it recorded ``finished``: SIGTERM to
+    its parent (a sweep's driver, which forwards it here) with Python's default handler back, as it is while
+    Python shuts down; the forwarded signal kills this process (the race a process-group SIGTERM can meet)."""
+
+    def __init__(self, marker: str, only_in: str) -> None:
+        self.marker, self.only_in = Path(marker), only_in
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.only_in in str(trainer.default_root_dir) and not self.marker.exists():
+            self.marker.touch()
+            atexit.register(self._stop_parent)
+
+    @staticmethod
+    def _stop_parent() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(60)  # the forwarded SIGTERM ends it
 
 
 class SignalInEvaluation(Callback):

@@ -222,6 +222,19 @@ def record_status(state: str, detail: str = "", run_dir: str | Path | None = Non
         pass
 
 
+def finished_since(base: Path, since: float) -> bool:
+    """Whether a run folder under ``base`` recorded ``finished`` at or after ``since`` (a ``time.time()``)."""
+    import json
+
+    for status in (layout(folder).status for folder in base.glob("*")):
+        try:  # a second's slack: a file system may keep whole seconds
+            if status.stat().st_mtime >= since - 1 and json.loads(status.read_text()).get("status") == "finished":
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def remove_failed_run() -> Path | None:
     """Remove the run folder this process created when the run failed before writing any checkpoint.
 

@@ -42,10 +42,15 @@ def _best(values: dict[int, float], direction: str) -> float | None:
     return (min if direction == "minimize" else max)(values.values()) if values else None
 
 
+def trial_name(trial: Any) -> str:
+    """A trial's run name, and its folder's under the sweep's."""
+    return f"trial-{trial.number:04d}"
+
+
 def fit_trial_process(args: list[str], trial: Any, sweep: Sweep, sweep_dir: Path, storage: str | None) -> None:
     """The trial as its own ``kiln fit`` process, told its trial by environment (``TrialReporter`` reopens it)."""
     spec = {"file": sweep.file, "dir": str(sweep_dir), "storage": storage, "trial": trial._trial_id}
-    fit_process(args, {reporting.TRIAL_ENV: json.dumps(spec)})
+    fit_process(args, {reporting.TRIAL_ENV: json.dumps(spec)}, runs_under=sweep_dir / trial_name(trial))
 
 
 def run_trial(
@@ -58,7 +63,7 @@ def run_trial(
 
     trial.set_user_attr("owner", OWNER)
     values = {param.key: param.suggest(trial) for param in sweep.space}
-    name = f"trial-{trial.number:04d}"
+    name = trial_name(trial)
     trial.set_user_attr("run", str(sweep_dir / name))
     args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
             "--run.test_after_fit=false", "--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
@@ -109,7 +114,7 @@ def _fail(study: Any, trial: Any, message: str) -> str:
 
     trial.set_user_attr("error", message)
     study.tell(trial, state=TrialState.FAIL)
-    print(f"trial-{trial.number:04d}: FAIL: {message}", file=sys.stderr)
+    print(f"{trial_name(trial)}: FAIL: {message}", file=sys.stderr)
     return "FAIL"
 
 
@@ -164,9 +169,9 @@ def resume_orphans(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | Non
     for orphan in orphans(study):  # optuna has no public call that reopens a trial: Trial(study, _trial_id)
         reopened = optuna.trial.Trial(study, orphan._trial_id)
         if not claim(study, reopened):
-            print(f"trial-{orphan.number:04d}: another driver took it over", file=sys.stderr)
+            print(f"{trial_name(orphan)}: another driver took it over", file=sys.stderr)
             continue
-        print(f"trial-{orphan.number:04d}: resuming (its driver is gone)", file=sys.stderr)
+        print(f"{trial_name(orphan)}: resuming (its driver is gone)", file=sys.stderr)
         run_trial(study, reopened, sweep, sweep_dir, resume=True, storage=storage, subprocess_trials=subprocess_trials)
         stop_signals.stop_here(BETWEEN)
 

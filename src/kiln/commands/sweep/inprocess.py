@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from kiln.errors import Interrupted, KilnError, Preempted, Stopped
@@ -69,12 +71,15 @@ def describe(values: dict[str, Any]) -> str:
     )
 
 
-def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
+def fit_process(args: list[str], env: dict[str, str] | None = None, runs_under: Path | None = None) -> None:
     """``kiln fit <args>`` as its own process (DDP starts its ranks from that command line); its stderr
     passes through. A stop signal to this process is noted here and goes on to it, which saves and exits:
     a child stopped, or ending in any way after a stop came, is ``Interrupted`` (the rerun resumes it), and a
-    child that finished returns, for the caller to stop at its next safe point. A failure is its error line."""
+    child that finished returns, for the caller to stop at its next safe point. A failure is its error line.
+    ``runs_under``: the folder of the child's run folders, where a child that a stop reached as it exited
+    (after it recorded its run ``finished``) is seen to have finished."""
     stop_signals.stop_here("stopped before the next `kiln fit` began; the same command goes on from there")
+    began = time.time()
     child = subprocess.Popen(
         [sys.executable, "-m", "kiln", "fit", *args], env={**os.environ, **(env or {})}, stderr=subprocess.PIPE,
         text=True,
@@ -92,6 +97,8 @@ def fit_process(args: list[str], env: dict[str, str] | None = None) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     code = child.returncode
+    if code and stop_signals.received() and runs_under is not None and folders.finished_since(runs_under, began):
+        return  # the stop came as it exited, its run recorded finished: the caller stops before the next
     if code in stop_signals.EXIT_CODES:  # stopped: saved and exited
         raise Interrupted(code)
     if -code in stop_signals.STOP_SIGNALS:  # killed by a stop signal before kiln's handler was installed

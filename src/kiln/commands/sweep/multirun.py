@@ -235,7 +235,8 @@ def _one_run(
     resume = ["--ckpt_path=last"] if cut is not None else []
     try:
         with console.run_summary_off():
-            fit_process([*run, *quiet, *resume]) if own_process else fit([*run, *quiet, *resume])
+            args = [*run, *quiet, *resume]
+            fit_process(args, runs_under=root / name) if own_process else fit(args)
     except (SIGTERMException, *STOPPED):
         _note_config(root / name, before, config)  # the same command resumes it
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
