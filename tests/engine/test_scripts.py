@@ -40,3 +40,25 @@ def test_torchrun_script_trains_across_two_nodes_of_this_machine_into_one_run_fo
     assert run_dir.name == "job-two-nodes"
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in (run_dir / "console.log").read_text()
     assert json.loads((run_dir / "metrics.json").read_text())["test"]  # trained and tested to its end
+
+
+@pytest.mark.parametrize(
+    "rank",
+    [{"RANK": "1"}, {"SLURM_PROCID": "2"}, {"NODE_RANK": "1"}, {"GROUP_RANK": "1"}, {"LOCAL_RANK": "1"}],
+    ids=["torchrun", "slurm", "lightning", "elastic_group", "local"],
+)
+def test_only_global_rank_zero_records_how_the_run_ended(
+    rank: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decided by LOCAL_RANK, the first process of a second node recorded its own status.json: on a disk of its
+    own, a run folder saying ``finished`` beside no checkpoint (the checkpoints are global rank 0's)."""
+    from kiln.runs.folders import layout, record_status
+
+    for var, value in {"LOCAL_RANK": "0", **rank}.items():
+        monkeypatch.setenv(var, value)
+    record_status("finished", run_dir=tmp_path)
+    assert not layout(tmp_path).status.exists()
+    for var in rank:
+        monkeypatch.setenv(var, "0")
+    record_status("finished", run_dir=tmp_path)
+    assert json.loads(layout(tmp_path).status.read_text())["status"] == "finished"

@@ -114,9 +114,12 @@ _held: IO[str] | None = None  # this command's hold on its run folder
 
 
 def _launcher() -> bool:
-    """Whether this process is rank 0 of its launch (the one process that holds the run folder)."""
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or os.environ.get("LOCAL_RANK") or "0"
-    return int(rank) == 0
+    """Whether this process is global rank 0 of its launch (the one that holds the run folder and records its
+    status): by torchrun's or SLURM's global rank, else by node and local rank (Lightning's own launch)."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if rank := os.environ.get(var):
+            return int(rank) == 0
+    return all(int(os.environ.get(var) or 0) == 0 for var in ("NODE_RANK", "GROUP_RANK", "LOCAL_RANK"))
 
 
 def hold(run_dir: Path) -> None:
@@ -203,7 +206,7 @@ def current_run_dir() -> Path | None:
 
 
 def record_status(state: str, detail: str = "", run_dir: str | Path | None = None) -> None:
-    """``status.json`` in this command's run folder (rank 0 only): ``running`` from its start, then how the
+    """``status.json`` in this command's run folder (global rank 0 only): ``running`` from its start, then how the
     command ended, ``finished``, ``failed`` or ``interrupted``, with its one line; what ``kiln.results`` lists.
     ``run_dir``: a run's own folder (``RunMetrics`` records a fit called from a notebook, outside a command)."""
     import json
@@ -212,7 +215,7 @@ def record_status(state: str, detail: str = "", run_dir: str | Path | None = Non
     from kiln.files import written_whole
 
     folder = Path(run_dir) if run_dir is not None else this_run
-    if folder is None or not folder.is_dir() or os.environ.get("LOCAL_RANK", "0") != "0":
+    if folder is None or not folder.is_dir() or not _launcher():  # a second node's first process: not rank 0
         return
     record = {"status": state, "detail": detail, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
