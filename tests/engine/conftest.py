@@ -1,7 +1,9 @@
-"""The engine suite's data fixtures: small files in the real formats of MNIST and CIFAR-10."""
+"""The engine suite's fixtures: small files in the real formats of MNIST and CIFAR-10; real database servers."""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,19 @@ def cifar_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     write_cifar10(root / "cifar-10-batches-py", n_per_batch=20, seed=2)
     monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
     return root
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server of its own on 127.0.0.1, as scripts/engines/postgres.sh starts it for users and CI
+    (skipped, with the script's reason, where no server is installed); its URL, password included."""
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / "postgres.sh")
+    started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=120)
+    if started.returncode == 3:
+        pytest.skip(started.stderr.strip())
+    assert started.returncode == 0, started.stderr[-2000:]
+    folder, url = started.stdout.split()
+    try:
+        yield url
+    finally:
+        subprocess.run([script, "stop", folder], check=False, timeout=60)

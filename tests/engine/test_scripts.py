@@ -20,7 +20,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch"])
+@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "engines/postgres.sh"])
 def test_each_launch_script_is_valid_bash(script: str) -> None:
     done = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -81,6 +81,24 @@ def _no_driver(storage: Any, err: ImportError) -> UsageError:
     )
 
 
+def _unopened(storage: Any, reason: str, err: Exception) -> UsageError:
+    """Why a study could not be opened, in one line: no connection to a server, a full disk, an unreadable file."""
+    from sqlalchemy.exc import OperationalError
+
+    where = shown(storage)
+    if isinstance(err, OperationalError) and not str(storage).startswith("sqlite"):
+        return UsageError(
+            f"{where}: cannot connect ({reason}): check the URL's host, port, user, password and database, and "
+            "that its server runs"
+        )
+    if "disk is full" in reason:
+        return UsageError(f"{where}: no space left on its disk ({reason}): free some, then rerun")
+    return UsageError(
+        f"{where}: not a readable study database ({reason}): restore it, or move the sweep folder aside to start "
+        "the sweep anew"
+    )
+
+
 def open_study(sweep: Sweep, storage: Any) -> Any:
     import optuna
 
@@ -112,13 +130,7 @@ def open_study(sweep: Sweep, storage: Any) -> Any:
             if racing and attempt < 5:  # another driver created the same new study meanwhile: load it next
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            where = shown(storage)
-            if "disk is full" in reason:
-                raise UsageError(f"{where}: no space left on its disk ({reason}): free some, then rerun") from None
-            raise UsageError(
-                f"{where}: not a readable study database ({reason}): restore it, or move the sweep folder aside "
-                "to start the sweep anew"
-            ) from None
+            raise _unopened(storage, reason, err) from None
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
