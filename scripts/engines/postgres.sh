@@ -3,8 +3,13 @@
 #   scripts/engines/postgres.sh start      prints: <folder> <URL> (user kiln, password kiln, database kiln)
 #   scripts/engines/postgres.sh stop <folder>
 # kiln sweep ... --storage <URL> (its driver: make add PKG='psycopg[binary]'). As root it runs the server as the
-# postgres user (or nobody): PostgreSQL refuses root. Exit 3: no PostgreSQL server installed here.
+# postgres user (or nobody): PostgreSQL refuses root. With KILN_INSTALL_ENGINES=1 (or CI=true), as root, it
+# installs it with apt-get where it is missing. Exit 3: no PostgreSQL server here.
 set -euo pipefail
+if ! command -v initdb > /dev/null && ! ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1 \
+  && [ "${KILN_INSTALL_ENGINES:-0}" = 1 -o "${CI:-}" = true ] && [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql > /dev/null 2>&1 || true
+fi
 bin=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | tail -1)")")
 if [ ! -x "$bin/initdb" ] || [ ! -x "$bin/pg_ctl" ]; then
   echo "no PostgreSQL server here (initdb, pg_ctl): apt-get install postgresql, or brew install postgresql" >&2

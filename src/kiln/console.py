@@ -28,6 +28,10 @@ DEPENDENCY_WARNINGS = [
      "a resume goes on in its own run folder, beside the checkpoints it goes on from: expected, on every resume"),
     (UserWarning, r"The `srun` command is available on your system but is not used", "",
      "printed twice on every run of a machine with SLURM installed; scripts/slurm.sbatch runs kiln under srun"),
+    (UserWarning, r"You're resuming from a checkpoint that ended before the epoch ended",
+     r"lightning\.pytorch\.loops\.training_epoch_loop",
+     "on every mid-epoch resume: kiln's datamodules resume their loaders at the saved sample (ExactResume), and kiln "
+     "says in its own line when a datamodule cannot"),
 ]  # fmt: skip
 
 

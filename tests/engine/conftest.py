@@ -48,3 +48,19 @@ def postgres_url() -> Iterator[str]:
         yield url
     finally:
         subprocess.run([script, "stop", folder], check=False, timeout=60)
+
+
+@pytest.fixture
+def slurm_conf() -> Iterator[str]:
+    """A one-node SLURM cluster of its own, as scripts/engines/slurm.sh starts it (skipped, with the script's
+    reason, where it cannot: not root, no SLURM); its slurm.conf, for SLURM_CONF."""
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / "slurm.sh")
+    started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=300)
+    if started.returncode == 3:
+        pytest.skip(started.stderr.strip())
+    assert started.returncode == 0, started.stderr[-2000:]
+    folder = started.stdout.strip()
+    try:
+        yield f"{folder}/slurm.conf"
+    finally:
+        subprocess.run([script, "stop", folder], check=False, timeout=60)

@@ -244,3 +244,19 @@ class PlainDigits(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(self.sets[2], batch_size=self.batch_size)
+
+
+class SlurmSignalAtStep(Callback):
+    """Asks SLURM to send ``name`` to this job's steps after optimizer step ``step``, once (a marker file
+    remembers): ``scancel --signal``, the signal an ``sbatch --signal`` warning or an operator sends."""
+
+    def __init__(self, step: int, marker: str, name: str = "USR1") -> None:
+        self.step, self.marker, self.name = step, Path(marker), name
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if trainer.global_step == self.step and not self.marker.exists():
+            self.marker.touch()
+            subprocess.run(["scancel", f"--signal={self.name}", os.environ["SLURM_JOB_ID"]], check=True)
+            time.sleep(5)  # the signal comes from slurmd meanwhile; the next step boundary acts on it

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "engines/postgres.sh"])
+@pytest.mark.parametrize(
+    "script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "engines/postgres.sh", "engines/slurm.sh"]
+)
 def test_each_launch_script_is_valid_bash(script: str) -> None:
     done = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -62,3 +65,55 @@ def test_only_global_rank_zero_records_how_the_run_ended(
         monkeypatch.setenv(var, "0")
     record_status("finished", run_dir=tmp_path)
     assert json.loads(layout(tmp_path).status.read_text())["status"] == "finished"
+
+
+def finished_job(job: str, env: dict[str, str]) -> dict[str, str]:
+    """Wait for a SLURM job to end; its ``scontrol show job`` fields. A requeued job waits (SLURM holds it back
+    for a while before it may start again): it is told to start now."""
+    for _ in range(300):
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True)
+        fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            return fields
+        if fields.get("JobState") == "PENDING" and fields.get("Restarts", "0") != "0":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, capture_output=True)
+        time.sleep(1)
+    raise AssertionError(f"SLURM job {job} did not end in 300 s")
+
+
+@pytest.mark.slow
+def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninterrupted_runs_numbers(
+    tmp_path: Path, slurm_conf: str
+) -> None:
+    """On a real one-node SLURM (scripts/engines/slurm.sh): scripts/slurm.sbatch as shipped, SIGUSR1 from SLURM
+    (``scancel --signal``, as ``--signal=SIGUSR1@90`` sends it) at step 4: kiln saves, requeues the job and
+    exits with the preemption's code (138); the requeued job resumes in its own folder to the end, with the
+    uninterrupted job's metrics.csv, in one appended output file."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in (".venv", "configs", "scripts"):
+        (project / name).symlink_to(SCRIPTS.parent / name)
+    env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    args = [*LIMIT[:2], "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.logger",
+            "kiln.training.loggers.Csv", "--data.num_workers", "0"]  # fmt: skip
+    probe = ["--trainer.callbacks+=probes.SlurmSignalAtStep", "--trainer.callbacks.step=4",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+
+    def submit(*extra: str) -> str:
+        done = subprocess.run(["sbatch", "--parsable", f"--chdir={project}", f"--output={project}/slurm-%j.out",
+                               "scripts/slurm.sbatch", *args, *extra], cwd=project, env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout.strip().split(";")[0]
+
+    whole, cut = submit(), submit(*probe)
+    ended = {job: finished_job(job, env) for job in (whole, cut)}
+    output = (project / f"slurm-{cut}.out").read_text()
+    assert [ended[job]["JobState"] for job in (whole, cut)] == ["COMPLETED"] * 2, output[-3000:]
+    assert ended[cut]["Restarts"] == "1" and ended[whole]["Restarts"] == "0"
+    assert "SIGUSR1: stopped after step 4, saved" in output and f"requeued SLURM job {cut}" in output
+    assert "Exited with exit code 138" in output  # srun's line: the preemption's own code
+    assert "internal error" not in output and "Traceback" not in output
+    assert "run folder" in output.split(f"requeued SLURM job {cut}")[1]  # the requeue appended, then finished
+    runs = project / "runs" / "digits"
+    assert json.loads((runs / f"job-{cut}" / "status.json").read_text())["status"] == "finished"
+    assert (runs / f"job-{cut}" / "metrics.csv").read_text() == (runs / f"job-{whole}" / "metrics.csv").read_text()
