@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -119,3 +120,37 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
     runs = project / "runs" / "digits"
     assert json.loads((runs / f"job-{cut}" / "status.json").read_text())["status"] == "finished"
     assert (runs / f"job-{cut}" / "metrics.csv").read_text() == (runs / f"job-{whole}" / "metrics.csv").read_text()
+
+
+@pytest.mark.slow
+def test_sweep_sbatch_array_tasks_share_one_study_on_a_real_slurm_and_run_each_trial_once(
+    tmp_path: Path, slurm_conf: str
+) -> None:
+    """scripts/sweep.sbatch as shipped, an array of two tasks on one journal study: every trial had failed with
+    ``KeyError: 'SLURM_NTASKS'`` (no --ntasks, and Lightning's SLURMEnvironment reads it)."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in (".venv", "configs", "scripts"):
+        (project / name).symlink_to(SCRIPTS.parent / name)
+    env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled"}
+    done = subprocess.run(["sbatch", "--parsable", "--array=0-1", f"--chdir={project}",
+                           f"--output={project}/slurm-%A_%a.out", "scripts/sweep.sbatch", "--n_trials", "3", "--",
+                           *LIMIT[:2], "--trainer.logger", "false"], cwd=project, env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    array = done.stdout.strip().split(";")[0]
+    for task in (0, 1):
+        assert finished_job(f"{array}_{task}", env)["JobState"] == "COMPLETED"
+    outputs = [(project / f"slurm-{array}_{task}.out").read_text() for task in (0, 1)]
+    journal = project / "runs" / "sweeps" / "digits" / "study.journal"
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    trials = [t for t in optuna.load_study(study_name="digits", storage=storage).get_trials()
+              if not t.user_attrs.get("surplus")]  # fmt: skip
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3, outputs[0][-1500:] + outputs[1][-1500:]
+    ran = [
+        line.split(":")[0] for out in outputs for line in out.splitlines() if re.match(r"trial-\d+: val/loss ", line)
+    ]
+    assert sorted(ran) == ["trial-0000", "trial-0001", "trial-0002"]  # each by one task
