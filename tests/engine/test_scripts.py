@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -154,3 +155,33 @@ def test_sweep_sbatch_array_tasks_share_one_study_on_a_real_slurm_and_run_each_t
         line.split(":")[0] for out in outputs for line in out.splitlines() if re.match(r"trial-\d+: val/loss ", line)
     ]
     assert sorted(ran) == ["trial-0000", "trial-0001", "trial-0002"]  # each by one task
+
+
+def test_a_second_node_without_a_job_id_stops_in_one_line_before_making_a_folder(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Lightning's own multi-node launch (MASTER_ADDR and NODE_RANK on each node) left a stray run folder per
+    node (``…_1`` beside rank 0's on a shared disk; on a disk of its own, one that said ``finished``)."""
+    from kiln.commands.boundary import main
+
+    monkeypatch.setenv("NODE_RANK", "1")
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *LIMIT, "--trainer.logger", "false"])
+    assert stop.value.code == 2 and not Path("runs").exists()
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "a multi-node launch without a job id" in line and "KILN_JOB_ID=<new id>" in line
+
+
+@pytest.mark.slow
+def test_lightnings_own_two_node_launch_with_a_job_id_trains_into_one_run_folder(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "KILN_JOB_ID": "two"}  # fmt: skip
+    command = ["kiln", "fit", "-c", str(SCRIPTS.parent / "configs" / "trainer" / "ddp_cpu.yaml"), "--trainer.devices",
+               "1", "--trainer.num_nodes", "2", "--data.num_workers", "0", *LIMIT]  # fmt: skip
+    nodes = [subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, env={**env, "NODE_RANK": str(rank)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    errors = [node.communicate(timeout=300)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == ["job-two"]  # no stray folder
+    assert json.loads((tmp_path / "runs" / "digits" / "job-two" / "status.json").read_text())["status"] == "finished"

@@ -94,9 +94,12 @@ def first_missing(path: Path) -> Path | None:
     return top
 
 
+JOB_ID_ENV = "KILN_JOB_ID"  # the same on every node of a launch that has no job id of its own (Lightning's own)
+
+
 def _job_id() -> str | None:
-    """A cluster job id shared by all processes of one launch (SLURM, torchrun), if any."""
-    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+    """A cluster job id shared by all processes of one launch (SLURM, torchrun, else ``KILN_JOB_ID``), if any."""
+    for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", JOB_ID_ENV):
         value = os.environ.get(var)
         if value and value != "none":
             return f"job-{value}"
@@ -173,9 +176,14 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
         this_run = resume
         record_status("running")
         return resume
+    job = _job_id()
+    if job is None and not _launcher():  # another node's first process: it cannot know rank 0's folder
+        raise UsageError(
+            "a multi-node launch without a job id: every node would pick a run folder of its own; give every "
+            f"node the same {JOB_ID_ENV}=<new id> (the folder is job-<id>), or launch with scripts/torchrun.sh or SLURM"
+        )
     base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
     created_top = first_missing(base)
-    job = _job_id()
     if job is not None:
         run_dir = base / job
         if not run_dir.is_dir():
