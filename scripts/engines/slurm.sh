@@ -69,6 +69,15 @@ CONF
     ;;
   stop)
     dir=${2:?usage: $0 stop <folder>}
+    if [ -f "$dir/slurmctld.pid" ]; then  # its jobs first: their slurmstepd outlives slurmd
+      jobs=$(SLURM_CONF="$dir/slurm.conf" squeue -h -o %A 2> /dev/null || true)
+      [ -z "$jobs" ] || SLURM_CONF="$dir/slurm.conf" scancel $jobs 2> /dev/null || true
+      for _ in $(seq 20); do
+        [ -z "$(SLURM_CONF="$dir/slurm.conf" squeue -h 2> /dev/null)" ] && break
+        sleep 0.5
+      done
+    fi
+    pkill -f "$dir/" 2> /dev/null || true  # a job script still there
     for pid in slurmd.pid slurmctld.pid munge/pid; do
       [ -f "$dir/$pid" ] && kill "$(cat "$dir/$pid")" 2> /dev/null || true
     done

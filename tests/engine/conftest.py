@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,14 +55,18 @@ def postgres_url() -> Iterator[str]:
 @pytest.fixture
 def slurm_conf() -> Iterator[str]:
     """A one-node SLURM cluster of its own, as scripts/engines/slurm.sh starts it (skipped, with the script's
-    reason, where it cannot: not root, no SLURM); its slurm.conf, for SLURM_CONF."""
+    reason, where it cannot: not root, no SLURM); its slurm.conf, for SLURM_CONF. One at a time on a machine
+    (an flock across pytest-xdist workers): two clusters on one host both named their node after it, and a job
+    of one never started."""
     script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / "slurm.sh")
-    started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=300)
-    if started.returncode == 3:
-        pytest.skip(started.stderr.strip())
-    assert started.returncode == 0, started.stderr[-2000:]
-    folder = started.stdout.strip()
-    try:
-        yield f"{folder}/slurm.conf"
-    finally:
-        subprocess.run([script, "stop", folder], check=False, timeout=60)
+    with open(Path(tempfile.gettempdir()) / "kiln-slurm-tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=300)
+        if started.returncode == 3:
+            pytest.skip(started.stderr.strip())
+        assert started.returncode == 0, started.stderr[-2000:]
+        folder = started.stdout.strip()
+        try:
+            yield f"{folder}/slurm.conf"
+        finally:
+            subprocess.run([script, "stop", folder], check=False, timeout=60)

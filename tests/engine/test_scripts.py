@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -24,7 +25,8 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(
-    "script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "engines/postgres.sh", "engines/slurm.sh"]
+    "script",
+    ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "multirun.sbatch", "engines/postgres.sh", "engines/slurm.sh"],
 )
 def test_each_launch_script_is_valid_bash(script: str) -> None:
     done = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
@@ -185,3 +187,29 @@ def test_lightnings_own_two_node_launch_with_a_job_id_trains_into_one_run_folder
     assert [node.returncode for node in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == ["job-two"]  # no stray folder
     assert json.loads((tmp_path / "runs" / "digits" / "job-two" / "status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_multirun_sbatch_array_tasks_train_each_run_once_and_each_aggregates_all(
+    tmp_path: Path, slurm_conf: str
+) -> None:
+    """scripts/multirun.sbatch on the real one-node SLURM: a multirun spread over an array of two tasks."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in (".venv", "configs", "scripts"):
+        (project / name).symlink_to(SCRIPTS.parent / name)
+    env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled"}
+    done = subprocess.run(["sbatch", "--parsable", "--array=0-1", f"--chdir={project}",
+                           f"--output={project}/slurm-%A_%a.out", "scripts/multirun.sbatch", "--seeds", "0-3", "--",
+                           *LIMIT[:2], "--trainer.logger", "false"], cwd=project, env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    array = done.stdout.strip().split(";")[0]
+    for task in (0, 1):
+        assert finished_job(f"{array}_{task}", env)["JobState"] == "COMPLETED"
+    outputs = [(project / f"slurm-{array}_{task}.out").read_text() for task in (0, 1)]
+    root = project / "runs" / "multirun" / "multirun"
+    trained = {seed: [p for p in (root / "base" / f"seed{seed}").iterdir() if p.is_dir()] for seed in range(4)}
+    assert all(len(runs) == 1 for runs in trained.values()), trained  # once each, by one task or the other
+    assert all(out.count("runs/multirun/multirun: mean, std, 95% CI") == 1 for out in outputs)  # each sums all up
+    with (root / "results.csv").open() as f:
+        assert {int(r["n"]) for r in csv.DictReader(f)} == {4}, outputs[0][-1500:] + outputs[1][-1500:]
