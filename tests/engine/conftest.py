@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import subprocess
 import tempfile
@@ -36,37 +37,36 @@ def cifar_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A PostgreSQL server of its own on 127.0.0.1, as scripts/engines/postgres.sh starts it for users and CI
-    (skipped, with the script's reason, where no server is installed); its URL, password included."""
-    script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / "postgres.sh")
-    started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=120)
+@contextlib.contextmanager
+def _engine(name: str, timeout: int) -> Iterator[list[str]]:
+    """``scripts/engines/<name> start`` (skipped, with the script's reason, where it cannot start), stopped after;
+    what it printed, its folder first."""
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / name)
+    started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=timeout)
     if started.returncode == 3:
         pytest.skip(started.stderr.strip())
     assert started.returncode == 0, started.stderr[-2000:]
-    folder, url = started.stdout.split()
+    printed = started.stdout.split()
     try:
-        yield url
+        yield printed
     finally:
-        subprocess.run([script, "stop", folder], check=False, timeout=60)
+        subprocess.run([script, "stop", printed[0]], check=False, timeout=60)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server of its own on 127.0.0.1, as scripts/engines/postgres.sh starts it for users and CI
+    (skipped where no server is installed); its URL, password included."""
+    with _engine("postgres.sh", timeout=120) as (_, url):
+        yield url
 
 
 @pytest.fixture
 def slurm_conf() -> Iterator[str]:
-    """A one-node SLURM cluster of its own, as scripts/engines/slurm.sh starts it (skipped, with the script's
-    reason, where it cannot: not root, no SLURM); its slurm.conf, for SLURM_CONF. One at a time on a machine
-    (an flock across pytest-xdist workers): two clusters on one host both named their node after it, and a job
-    of one never started."""
-    script = str(Path(__file__).resolve().parents[2] / "scripts" / "engines" / "slurm.sh")
+    """A one-node SLURM cluster of its own, as scripts/engines/slurm.sh starts it (skipped where it cannot: not
+    root, no SLURM); its slurm.conf, for SLURM_CONF. One at a time on a machine (an flock across pytest-xdist
+    workers): two clusters on one host both named their node after it, and a job of one never started."""
     with open(Path(tempfile.gettempdir()) / "kiln-slurm-tests.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        started = subprocess.run([script, "start"], capture_output=True, text=True, timeout=300)
-        if started.returncode == 3:
-            pytest.skip(started.stderr.strip())
-        assert started.returncode == 0, started.stderr[-2000:]
-        folder = started.stdout.strip()
-        try:
+        with _engine("slurm.sh", timeout=300) as (folder,):
             yield f"{folder}/slurm.conf"
-        finally:
-            subprocess.run([script, "stop", folder], check=False, timeout=60)

@@ -90,6 +90,30 @@ def finished_job(job: str, env: dict[str, str]) -> dict[str, str]:
     raise AssertionError(f"SLURM job {job} did not end in 300 s")
 
 
+def slurm_project(tmp_path: Path) -> Path:
+    """A project folder for sbatch (the scripts run `.venv/bin/kiln` and read configs/ from where they start)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in (".venv", "configs", "scripts"):
+        (project / name).symlink_to(SCRIPTS.parent / name)
+    return project
+
+
+def sbatch(project: Path, env: dict[str, str], *args: str) -> str:
+    """Submit from ``project`` (output files in it); the job id."""
+    done = subprocess.run(["sbatch", "--parsable", f"--chdir={project}", *args], cwd=project, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip().split(";")[0]
+
+
+def array_of_two(project: Path, env: dict[str, str], script: str, *args: str) -> list[str]:
+    """``script`` as an array of two tasks, both completed; their output files' texts."""
+    array = sbatch(project, env, "--array=0-1", f"--output={project}/slurm-%A_%a.out", f"scripts/{script}", *args)
+    for task in (0, 1):
+        assert finished_job(f"{array}_{task}", env)["JobState"] == "COMPLETED"
+    return [(project / f"slurm-{array}_{task}.out").read_text() for task in (0, 1)]
+
+
 @pytest.mark.slow
 def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninterrupted_runs_numbers(
     tmp_path: Path, slurm_conf: str
@@ -99,10 +123,7 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
     (``scancel --signal``, as ``--signal=SIGUSR1@90`` sends it) at step 4: kiln saves, requeues the job and exits
     with the preemption's code, 138; the requeued job resumes in its own folder to the end, with the
     uninterrupted job's metrics.csv, in one appended output file."""
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in (".venv", "configs", "scripts"):
-        (project / name).symlink_to(SCRIPTS.parent / name)
+    project = slurm_project(tmp_path)
     env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
     args = [*LIMIT[:2], "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.logger",
             "kiln.training.loggers.Csv", "--data.num_workers", "0"]  # fmt: skip
@@ -110,11 +131,7 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def submit(*extra: str) -> str:
-        done = subprocess.run(["sbatch", "--parsable", f"--chdir={project}",
-                               f"--output={project}/slurm-%j.out",
-                               "scripts/slurm.sbatch", *args, *extra], cwd=project, env=env, capture_output=True,
-                              text=True, check=True)  # fmt: skip
-        return done.stdout.strip().split(";")[0]
+        return sbatch(project, env, f"--output={project}/slurm-%j.out", "scripts/slurm.sbatch", *args, *extra)
 
     whole, cut = submit(), submit(*probe)
     ended = {job: finished_job(job, env) for job in (whole, cut)}
@@ -140,19 +157,11 @@ def test_sweep_sbatch_array_tasks_share_one_study_on_a_real_slurm_and_run_each_t
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in (".venv", "configs", "scripts"):
-        (project / name).symlink_to(SCRIPTS.parent / name)
+    project = slurm_project(tmp_path)
     env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled"}
-    done = subprocess.run(["sbatch", "--parsable", "--array=0-1", f"--chdir={project}",
-                           f"--output={project}/slurm-%A_%a.out", "scripts/sweep.sbatch", "--n_trials", "3", "--",
-                           *LIMIT[:2], "--trainer.logger", "false"], cwd=project, env=env, capture_output=True,
-                          text=True, check=True)  # fmt: skip
-    array = done.stdout.strip().split(";")[0]
-    for task in (0, 1):
-        assert finished_job(f"{array}_{task}", env)["JobState"] == "COMPLETED"
-    outputs = [(project / f"slurm-{array}_{task}.out").read_text() for task in (0, 1)]
+    outputs = array_of_two(
+        project, env, "sweep.sbatch", "--n_trials", "3", "--", *LIMIT[:2], "--trainer.logger", "false"
+    )
     journal = project / "runs" / "sweeps" / "digits" / "study.journal"
     storage = JournalStorage(JournalFileBackend(str(journal)))
     trials = [t for t in optuna.load_study(study_name="digits", storage=storage).get_trials()
@@ -199,19 +208,10 @@ def test_multirun_sbatch_array_tasks_train_each_run_once_and_each_aggregates_all
     tmp_path: Path, slurm_conf: str
 ) -> None:
     """scripts/multirun.sbatch on the real one-node SLURM: a multirun spread over an array of two tasks."""
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in (".venv", "configs", "scripts"):
-        (project / name).symlink_to(SCRIPTS.parent / name)
+    project = slurm_project(tmp_path)
     env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled"}
-    done = subprocess.run(["sbatch", "--parsable", "--array=0-1", f"--chdir={project}",
-                           f"--output={project}/slurm-%A_%a.out", "scripts/multirun.sbatch", "--seeds", "0-3", "--",
-                           *LIMIT[:2], "--trainer.logger", "false"], cwd=project, env=env, capture_output=True,
-                          text=True, check=True)  # fmt: skip
-    array = done.stdout.strip().split(";")[0]
-    for task in (0, 1):
-        assert finished_job(f"{array}_{task}", env)["JobState"] == "COMPLETED"
-    outputs = [(project / f"slurm-{array}_{task}.out").read_text() for task in (0, 1)]
+    outputs = array_of_two(project, env, "multirun.sbatch", "--seeds", "0-3", "--", *LIMIT[:2], "--trainer.logger",
+                           "false")  # fmt: skip
     root = project / "runs" / "multirun" / "multirun"
     trained = {seed: [p for p in (root / "base" / f"seed{seed}").iterdir() if p.is_dir()] for seed in range(4)}
     assert all(len(runs) == 1 for runs in trained.values()), trained  # once each, by one task or the other
