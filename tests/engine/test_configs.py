@@ -179,3 +179,18 @@ def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs() -> Non
     assert data.fractions == (0.8, 0.1) and data.hparams["test_fraction"] == 0.1  # what checkpoints hold too
     written = build_cli([*switched, "--data.init_args.test_fraction", "0.3"], run=False).datamodule
     assert written.hparams["test_fraction"] == 0.3 and written.batch_size == 64  # written values stand
+
+
+@pytest.mark.parametrize(("given", "steps"), [("1", 1), ("1.0", 20)])
+def test_limit_train_batches_1_is_one_batch_whichever_order_typing_cached_the_union_in(
+    given: str, steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another import made ``Union[float, int]`` first (as on a GPU machine): ``1`` was read as ``1.0``."""
+    import lightning
+
+    monkeypatch.setitem(lightning.Trainer.__init__.__annotations__, "limit_train_batches", float | int | None)
+    quiet = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--run.test_after_fit", "false"]
+    cli = build_cli(["fit", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", given,
+                     "--trainer.limit_val_batches", "1", *quiet])  # fmt: skip
+    assert repr(cli.config.fit.trainer.limit_train_batches) == given  # before: 1.0 for 1, every batch trained
+    assert cli.trainer.global_step == steps

@@ -40,6 +40,7 @@ from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
 from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
+from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import written_whole
@@ -321,6 +322,7 @@ class KilnCLI(LightningCLI):
                                          LightningDataModule, subclasses=True)  # fmt: skip
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        keep_whole_numbers(parser)  # the trainer's limit_*_batches, val_check_interval, overfit_batches
         parser.add_class_arguments(RunOptions, "run")
         # always on, and configurable on its own (`--non_finite.action skip`) instead of by list position
         parser.add_lightning_class_args(NonFiniteGuard, "non_finite")
