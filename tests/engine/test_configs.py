@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from helpers import CONFIGS
 
 from kiln.cli import build_cli
@@ -172,13 +173,18 @@ def test_pytorch_profiler_preset_writes_a_trace_into_the_run_folder() -> None:
     assert traces and traces[0].stat().st_size > 1000
 
 
-def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs() -> None:
-    """The default data's test_fraction (0.2) is not the language model's data's (0.1): jsonargparse kept the old."""
+def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs(capsys: pytest.CaptureFixture) -> None:
+    """The default data's test_fraction (0.2) is not the language model's data's (0.1): jsonargparse kept the old;
+    ``--print_config`` (a multirun's "same config" too) says what the run uses."""
     switched = ["-c", str(CONFIGS / "experiment" / "sentences.yaml"), "--trainer.logger", "false"]
     data = build_cli(switched, run=False).datamodule
     assert data.fractions == (0.8, 0.1) and data.hparams["test_fraction"] == 0.1  # what checkpoints hold too
     written = build_cli([*switched, "--data.init_args.test_fraction", "0.3"], run=False).datamodule
     assert written.hparams["test_fraction"] == 0.3 and written.batch_size == 64  # written values stand
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *switched, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert exit_info.value.code in (0, None) and printed["data"]["init_args"]["test_fraction"] == 0.1  # before: 0.2
 
 
 @pytest.mark.parametrize(("given", "steps"), [("1", 1), ("1.0", 20)])

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import yaml
 from jsonargparse import ArgumentError, Namespace
+from jsonargparse._actions import _ActionPrintConfig  # README: private APIs
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
@@ -250,7 +251,8 @@ class KilnCLI(LightningCLI):
     def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse; a switched class gets its own defaults (kiln.cli.class_switch) before anything reads the config."""
         try:
-            super().parse_arguments(parser, args)
+            with _ActionPrintConfig.skip_print_config():  # printed below, once a switched class has its own defaults
+                super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             given = self._given
             command = next((a for a in given if a in self.subcommands()), None)
@@ -263,6 +265,7 @@ class KilnCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         own_defaults(self.config[subcommand] if subcommand else self.config, config_dir() / "train.yaml",
                      sources(self._parsed, []))  # fmt: skip
+        _ActionPrintConfig.print_config_if_requested(parser, self.config)  # `--print_config`: prints, then exits
 
     def _rebuild_from_checkpoint(
         self, parser: LightningArgumentParser, subcommand: str, ckpt_path: str, checkpoint: dict[str, Any]
