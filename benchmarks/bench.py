@@ -69,7 +69,7 @@ def fast_args(compile_mode: str, small: bool) -> list[str]:
 
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
-    swap = {"50000": "256", "512": "64", "gpu": "cpu", "4": "0"}
+    swap = {"50000": "128", "512": "64", "gpu": "cpu", "4": "0"}
     return [swap.get(a, a) for a in args]
 
 
@@ -83,7 +83,7 @@ def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
     """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
     from research.nets import ResNet
 
-    return ResNet(in_channels=3, num_classes=10), *((256, 64) if small else (50000, GPU_BATCH))
+    return ResNet(in_channels=3, num_classes=10), *((128, 64) if small else (50000, GPU_BATCH))
 
 
 def peak_rss_mb() -> float:

@@ -1,0 +1,29 @@
+"""The ranks ``ddp_spawn`` starts print what a ``kiln`` command prints: information lines in the run folder's
+console.log, and none of the dependency warnings kiln drops."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback
+
+from kiln import console
+
+
+class SpawnedRanksConsole(Callback):
+    """Added by the CLI, never configured. A spawned rank unpickles the trainer but runs no ``kiln`` command (and
+    inherits none of its warning filters), so this callback sets its console up as it is unpickled there, before
+    the rank's first line ("Initializing distributed")."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.made_in = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if os.getpid() != self.made_in:  # unpickled in another process: a rank ddp_spawn started
+            console.quiet_lightning()
+            console.begin_command()
+            console.to_run_folder(self.run_dir)
