@@ -2,7 +2,8 @@
 
 typing caches unions and takes ``Union[int, float]`` and ``Union[float, int]`` for the same one, so
 which order an annotation such as Lightning's ``Optional[Union[int, float]]`` gets depends on which
-module made that union first (a pytest plugin, a library imported before kiln). jsonargparse tries a
+module made that union first (on one GPU machine's Python, plain ``import lightning`` gave ``float``
+first; a library imported before kiln can do the same). jsonargparse tries a
 union's members in order and ``float`` accepts any integer, so with ``float`` first an integer came
 out as a float: Lightning reads ``limit_train_batches: 1`` as one batch and ``1.0`` as every batch.
 """
@@ -24,7 +25,10 @@ def int_before_float(hint: Any) -> Any:
         return hint
     members.remove(int)
     members.insert(members.index(float), int)
-    return reduce(operator.or_, members)
+    try:
+        return reduce(operator.or_, members)
+    except TypeError:  # a member that cannot be written with `|`: left as it is
+        return hint
 
 
 def keep_whole_numbers(parser: Any) -> None:
