@@ -260,3 +260,15 @@ class SlurmSignalAtStep(Callback):
             self.marker.touch()
             subprocess.run(["scancel", f"--signal={self.name}", os.environ["SLURM_JOB_ID"]], check=True)
             time.sleep(5)  # the signal comes from slurmd meanwhile; the next step boundary acts on it
+
+
+class GroupAtExit(Callback):
+    """Writes, as each rank's interpreter exits, whether torch.distributed's group is still up there (a gloo group
+    left for the interpreter's teardown can abort the process: ``terminate called without an active exception``)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        path = Path(f"{self.marker}.{trainer.global_rank}.{os.getpid()}")
+        atexit.register(lambda: path.write_text(str(torch.distributed.is_initialized())))

@@ -1,5 +1,5 @@
-"""The ranks ``ddp_spawn`` starts print what a ``kiln`` command prints: information lines in the run folder's
-console.log, and none of the dependency warnings kiln drops."""
+"""The ranks ``ddp_spawn`` starts print what a ``kiln`` command prints (information lines in the run folder's
+console.log, none of the dependency warnings kiln drops) and end as a ``kiln`` command ends (no group left)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from kiln import console
 
@@ -27,3 +28,8 @@ class SpawnedRanksConsole(Callback):
             console.quiet_lightning()
             console.begin_command()
             console.to_run_folder(self.run_dir)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """A spawned rank exits after its stage: its gloo group, left to the interpreter's teardown, can abort it."""
+        if os.getpid() != self.made_in and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
