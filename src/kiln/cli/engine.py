@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from kiln import console
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
-from kiln.callbacks.spawned_console import SpawnedRanksConsole
+from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
@@ -404,7 +404,7 @@ class KilnCLI(LightningCLI):
             raise
         self.links.prune(self.model.hparams)
         if self.run_dir is not None:  # the ranks ddp_spawn starts: their lines in console.log too
-            self.trainer.callbacks.append(SpawnedRanksConsole(self.run_dir))  # type: ignore[attr-defined]
+            self.trainer.callbacks.append(SpawnedRanks(self.run_dir))  # type: ignore[attr-defined]
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("init_from"):
             if self.subcommand not in (None, "fit"):

@@ -19,21 +19,27 @@ def _initialized() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def destroy() -> None:
+    """End this process's group, if any: Lightning destroys only NCCL's at exit, and a gloo group left to the
+    interpreter's teardown can abort the process (SIGABRT, `terminate called without an active exception`)."""
+    if _initialized():
+        torch.distributed.destroy_process_group()
+
+
 @contextmanager
 def released_after() -> Iterator[None]:
     """A DDP run inside this process (one device: no child processes) keeps torch.distributed's group, whose
     store listens on ``MASTER_PORT``, and leaves ``MASTER_PORT`` exported: a later DDP run started from here,
     as a child process (which inherits the port), fails with EADDRINUSE. On the way out, destroy the group
-    this block created (a rank's too: Lightning destroys only NCCL's at exit, and a gloo group left to the
-    interpreter's teardown can abort the process) and restore the variables as they were (with the CPU
+    this block created (a rank's too: see :func:`destroy`) and restore the variables as they were (with the CPU
     thread count that Lightning's DDP set through ``OMP_NUM_THREADS``)."""
     saved = {key: os.environ.get(key) for key in DDP_ENV}
     had_group, threads = _initialized(), torch.get_num_threads()
     try:
         yield
     finally:
-        if not had_group and _initialized():  # also a rank's group: gloo's left for exit can abort it (SIGABRT)
-            torch.distributed.destroy_process_group()
+        if not had_group:
+            destroy()
         if os.environ.get("OMP_NUM_THREADS") != saved["OMP_NUM_THREADS"]:
             torch.set_num_threads(threads)
         for key, value in saved.items():
