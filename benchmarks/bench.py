@@ -61,9 +61,9 @@ KINDS = {"default": ["raw", "raw_batched", "template"], "resnet": ["raw", "templ
 
 def fast_args(compile_mode: str, small: bool) -> list[str]:
     """The template's optimised GPU settings: bf16 autocast, channels_last, ``torch.compile`` in ``compile_mode``."""
-    args = ["--trainer.precision", "bf16-mixed", "--model.init_args.channels_last", "true"]
+    args = ["--trainer.precision", "bf16-mixed", "--trainer.callbacks+", "kiln.callbacks.ChannelsLast"]
     if compile_mode != "none" and not small:  # the smoke run skips compiling (minutes on 2 cores)
-        args += ["--model.init_args.compile", "true", "--model.init_args.compile_mode", compile_mode]
+        args += ["--trainer.callbacks+", "kiln.callbacks.Compile", "--trainer.callbacks.mode", compile_mode]
     return args
 
 

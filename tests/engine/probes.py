@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -88,6 +89,16 @@ class SignalAtStep(Callback):
                 subprocess.run(["kill", f"-{self.signal.name}", "--", f"-{os.getpgrp()}"], check=False)
             else:
                 os.kill(os.getppid() if self.parent else os.getpid(), self.signal)
+
+
+class NativeSignalTakeover(Callback):
+    """Built with the Trainer, it sets ``name``'s C-level disposition to ignore behind Python's back, as OpenMPI does
+    when Lightning's MPI environment check imports mpi4py: Python's handler table still names its own handler."""
+
+    def __init__(self, name: str = "SIGUSR1") -> None:
+        libc = ctypes.CDLL(None)
+        libc.signal.restype, libc.signal.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signal.Signals[name].value, 1)  # SIG_IGN
 
 
 class SignalAtFitEnd(Callback):

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import LIMIT
+from helpers import LIMIT, PROBES
 
 KILN = [sys.executable, "-m", "kiln"]
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     return subprocess.run([*KILN, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from helpers import CONFIGS
+from helpers import CONFIGS, PROBES
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -152,7 +152,7 @@ def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_pat
                "--trainer.strategy", strategy, "--run.root", str(tmp_path / strategy),
                "--trainer.callbacks+=probes.GroupAtExit", f"--trainer.callbacks.marker={tmp_path / strategy}-group",
                ]  # fmt: skip
-        env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+        env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         if strategy == "ddp_spawn" and "terminate called without an active exception" in done.stderr:
             # a spawned gloo rank that aborts as it exits (torch's C++ teardown; once in CI, never in 7 runs here):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from dataset_files import write_image_folder
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -114,7 +114,7 @@ def test_exporting_a_recurrent_net_prints_a_few_lines_not_torchs_warnings(tmp_pa
     fit = build_cli(["fit", *waves, "--run.root", str(tmp_path), "--run.test_after_fit=false"])
     last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     command = [sys.executable, "-m", "kiln", "export", "--ckpt_path", str(last), "--output", str(tmp_path / "out")]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": PROBES}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stderr.splitlines()  # was 44: torch's exporter warnings, each with its source line

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from dataset_files import write_image_folder
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -154,7 +154,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     )
     mount = f"mount -t tmpfs -o size=2m tmpfs {runs}"
     script = f'{mount} && {shlex.join(kiln)}; rc=$?; {sys.executable} -c "{check}"; exit $rc'
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": PROBES}
     done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

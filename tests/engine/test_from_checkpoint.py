@@ -171,6 +171,9 @@ def test_a_checkpoint_saved_before_the_move_still_tests_and_a_config_names_the_n
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         checkpoint[key] = _as_before_the_move(dict(checkpoint[key]))
     assert checkpoint["hyper_parameters"]["_class_path"] == "kiln.models.Classifier"
+    speed = {"compile": True, "compile_mode": None, "compile_dynamic": False, "channels_last": False}  # now callbacks
+    checkpoint["hyper_parameters"].update(speed)
+    checkpoint["config"]["model"]["init_args"].update(speed)
     old = tmp_path / "old.ckpt"
     torch.save(checkpoint, old)
     capsys.readouterr()
@@ -179,6 +182,14 @@ def test_a_checkpoint_saved_before_the_move_still_tests_and_a_config_names_the_n
     assert again.trainer.callback_metrics["test/acc"].item() > 0
     err = capsys.readouterr().err
     assert f"{old} names kiln.nets.SmallCNN, which moved: read as research.nets.SmallCNN" in err
+    assert f"{old} was trained with model compile=True; it is kiln.callbacks.Compile now: add the callback" in err
+    assert "channels_last" not in err  # it was off: nothing lost, nothing to say
+    (tmp_path / "speed.yaml").write_text("model:\n  init_args:\n    compile: true\n")
+    with pytest.raises(SystemExit):
+        main(["fit", "-c", str(tmp_path / "speed.yaml"), *QUIET])
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.endswith("Classifier has no argument compile; it is kiln.callbacks.Compile now: add the callback to "
+                         "trainer.callbacks (--trainer.callbacks+ kiln.callbacks.Compile)")  # fmt: skip
     (tmp_path / "old.yaml").write_text("model:\n  class_path: kiln.models.Classifier\n")
     with pytest.raises(SystemExit):
         main(["fit", "-c", str(tmp_path / "old.yaml"), *QUIET])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln.commands.boundary import main
 from research.data import DigitsDataModule
@@ -161,7 +161,7 @@ def test_a_stop_as_a_subprocess_run_ends_fitting_stops_the_command_and_the_rerun
     probe = ["--trainer.callbacks+=probes.SignalAtFitEnd", "--trainer.callbacks.only_in=seed0",
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
     command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "0-1", "--subprocess", "--", *LIMIT, *QUIET, *probe]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     run = lambda: subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,  # noqa: E731
                                  start_new_session=True)  # fmt: skip
     done = run()

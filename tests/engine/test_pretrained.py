@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import timm
 import torch
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 from lightning.pytorch import Callback, LightningModule, Trainer
 from safetensors.torch import save_file
 
@@ -223,7 +223,7 @@ def test_under_ddp_the_unfrozen_backbone_trains_as_one_model_on_both_ranks(tmp_p
                *timm_net(path), "--model.init_args.freeze_backbone_epochs=1", "--model.init_args.backbone_lr_ratio=0.1",
                "--trainer.logger=false", "--run.test_after_fit=false", "--run.root", str(tmp_path / "runs"),
                "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}"]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True, map_location="cpu")["state"] for r in (0, 1))

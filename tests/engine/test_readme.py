@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from dataset_files import write_image_folder, write_mnist
+from helpers import PROBES
 from test_template import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
         (project / name).symlink_to(ROOT / name)
     write_mnist(project / "data" / "MNIST" / "raw", n_train=96, n_test=48, seed=0)
     write_image_folder(project / "data" / "images", classes=3, per_class=12)
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     lanes: dict[str, list[tuple[str, Rule]]] = {}
     for command in readme_commands():
         rule = plan(command)

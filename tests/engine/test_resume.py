@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from dataset_files import write_image_folder
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln import results
 from kiln.cli import build_cli
@@ -142,7 +142,7 @@ def test_signal_saves_and_the_same_command_resumes_exactly(
     scontrol.parent.mkdir()
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
     scontrol.chmod(0o755)
-    env = {**os.environ, **SLURM_JOB, "PYTHONPATH": str(Path(__file__).parent),
+    env = {**os.environ, **SLURM_JOB, "PYTHONPATH": PROBES,
            "PATH": f"{scontrol.parent}:{os.environ['PATH']}"}  # fmt: skip
     base = signal_command(2 if group else 0)  # a group signal reaches the DataLoader workers too
 
@@ -209,7 +209,7 @@ def validated_whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sigterm_during_validation_is_validated_again_on_resume(
     tmp_path: Path, epoch: int, validated_whole: Path
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": PROBES}
     args = VALIDATED
     probe = ["--trainer.callbacks+=probes.SignalInEvaluation", "--trainer.callbacks.stage=validate",
              f"--trainer.callbacks.epoch={epoch}", "--trainer.callbacks.batch=0",
@@ -249,7 +249,7 @@ def _with_scontrol(tmp_path: Path) -> dict[str, str]:
     scontrol.parent.mkdir()
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.log"}\n')
     scontrol.chmod(0o755)
-    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent),
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": PROBES,
             "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SLURM_JOB_ID": "777"}  # fmt: skip
 
 
@@ -372,7 +372,7 @@ def sigterm_once_handled(process: subprocess.Popen) -> None:
 @pytest.mark.parametrize("when", ["setup", "between_fit_and_test", "export", "multirun"])
 def test_a_sigterm_at_any_moment_of_a_command_stops_it_with_one_line_and_143(when: str, tmp_path: Path) -> None:
     quiet = [*LIMIT, "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     kiln = [sys.executable, "-m", "kiln"]
     if when == "export":
         fit = build_cli(["fit", *quiet, "--run.root", str(tmp_path / "runs"), "--run.test_after_fit", "false"])
@@ -414,7 +414,7 @@ def test_a_sigterm_at_any_moment_of_a_command_stops_it_with_one_line_and_143(whe
 def test_a_process_group_sigterm_early_or_in_validation_ends_in_one_line_without_a_worker_traceback(
     step: int, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": PROBES}
     probe = ["--trainer.callbacks+=probes.SignalAtStep", f"--trainer.callbacks.step={step}",
              f"--trainer.callbacks.marker={tmp_path / 'sent'}", "--trainer.callbacks.group=true"]  # fmt: skip
     if step == 5:  # sent at the epoch's last step: it arrives while validation runs
@@ -473,7 +473,7 @@ def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_pat
                "false", "--data.num_workers", "0", "--trainer.callbacks+=probes.SignalAtStep",
                "--trainer.callbacks.step=3", "--trainer.callbacks.name=SIGUSR1",
                f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
 
     def block() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
@@ -481,6 +481,12 @@ def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_pat
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
     assert done.returncode == 138, done.stderr[-2000:]
     assert "SIGUSR1: stopped after step 3" in done.stderr
+    # a native library that took SIGUSR1 over while the Trainer was built (OpenMPI, started by mpi4py when Lightning
+    # looks for an MPI environment: seen on a GPU machine, where every SIGUSR1 went unheard and the run trained on)
+    (tmp_path / "sent").unlink()
+    taken = subprocess.run([*command, "--trainer.callbacks+=probes.NativeSignalTakeover"], env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert taken.returncode == 138, taken.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -492,7 +498,7 @@ def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_
     command = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches",
                "10", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "2", "--trainer.logger",
                "kiln.training.loggers.Csv", "--run.test_after_fit", "false", "--data.num_workers", "0"]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     probe = ["--trainer.callbacks+=probes.SignalAtStep", f"--trainer.callbacks.step={step}",
              "--trainer.callbacks.name=SIGUSR1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
@@ -519,7 +525,7 @@ def test_a_process_group_sigterm_under_ddp_saves_on_every_rank_and_the_resume_is
                "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "1",
                "--trainer.log_every_n_steps", "1", "--trainer.logger", "kiln.training.loggers.Csv",
                "--run.test_after_fit", "false", "--data.num_workers", "0"]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=4", "--trainer.callbacks.group=true",
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import PROBES
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 LIMIT = ["-c", str(SCRIPTS.parent / "configs" / "debug" / "limit.yaml"), "--trainer.logger", "false"]
@@ -124,7 +125,7 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
     with the preemption's code, 138; the requeued job resumes in its own folder to the end, with the
     uninterrupted job's metrics.csv, in one appended output file."""
     project = slurm_project(tmp_path)
-    env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     args = [*LIMIT[:2], "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.logger",
             "kiln.training.loggers.Csv", "--data.num_workers", "0"]  # fmt: skip
     probe = ["--trainer.callbacks+=probes.SlurmSignalAtStep", "--trainer.callbacks.step=4",

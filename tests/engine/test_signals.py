@@ -67,5 +67,9 @@ def test_signals_on_the_device_path_keep_their_shape_and_values() -> None:
 def test_image_only_settings_on_signals_say_so_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"BatchRandomAffine moves images .* got a batch of shape \(4, 1, 64\)"):
         BatchRandomAffine(degrees=10)(torch.zeros(4, 1, 64))
-    cli = build_cli(["fit", *WAVEFORMS, *LIMIT, "--trainer.logger", "false", "--model.init_args.channels_last", "true"])
-    assert cli.trainer.state.finished and cli.model.channels_last is False
+    cli = build_cli(["fit", *WAVEFORMS, *LIMIT, "--trainer.logger", "false", "--trainer.callbacks+",
+                     "kiln.callbacks.ChannelsLast"])  # fmt: skip
+    assert cli.trainer.state.finished
+    assert all(p.is_contiguous() for p in cli.model.parameters())  # left as they were: (C, L) signals
+    log = (Path(cli.trainer.default_root_dir) / "console.log").read_text()
+    assert log.count("ChannelsLast: off, as samples of shape (1, 64) are not images (C, H, W)") == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 from test_resume import assert_bitwise_equal, final_state
 
 from kiln.cli import build_cli
@@ -92,7 +92,7 @@ def test_ddp_ranks_read_disjoint_shards(chunks: Path, tmp_path: Path) -> None:
            "--trainer.limit_val_batches", "1", "--run.test_after_fit", "false", "--data.init_args.num_workers", "0",
            "--data.init_args.batch_size", "16", "--run.root", str(tmp_path / "runs"),
            "--trainer.callbacks+=probes.RecordInputs", f"--trainer.callbacks.folder={tmp_path}"]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"inputs-rank{r}.json").read_text()) for r in (0, 1)]

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import torch
 import yaml
-from helpers import CONFIGS, LIMIT
+from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -143,7 +143,7 @@ def test_sigterm_to_the_driver_alone_reaches_a_subprocess_trial_which_the_rerun_
     spec["args"] += probe
     path.write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 143, first.stderr[-2000:]  # the trial saved and exited 143, then the driver
     assert "trial-0001: interrupted; the same command resumes it" in first.stderr
@@ -174,7 +174,7 @@ def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_
     probe_args = [f"--trainer.callbacks+=probes.{probe}", "--trainer.callbacks.only_in=trial-0000",
                   f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
     command = probed_sweep(tmp_path, probe_args, n_trials=2)
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     first = subprocess.run(  # its own process group: the one the probe signals, as SLURM's
         command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, start_new_session=True
     )
@@ -193,7 +193,7 @@ def test_a_subprocess_trial_killed_fails_with_the_signal_as_its_reason_not_its_l
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=2",
              "--trainer.callbacks.name=SIGKILL", f"--trainer.callbacks.marker={tmp_path / 'm'}"]  # fmt: skip
     command = probed_sweep(tmp_path, probe, n_trials=1)
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]  # every trial failed
     trial = study(tmp_path).get_trials()[0]
@@ -217,7 +217,7 @@ def test_sigterm_in_trial_2_then_the_same_command_resumes_it_and_ends_with_4_tri
     spec["args"] += probe
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(tmp_path / "tiny.yaml"), "--root", "runs/sweeps"]
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 143, first.stderr[-2000:]
     assert "trial-0002: interrupted; the same command resumes it" in first.stderr

@@ -8,14 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 import torch
-from helpers import CONFIGS, callback
+from helpers import CONFIGS, PROBES, callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from kiln.callbacks import GradNormMonitor
+from kiln.callbacks import ChannelsLast, GradNormMonitor
 from kiln.cli import build_cli
 from kiln.cli.devices import fall_back_from_bf16
 from research.models import Classifier
@@ -95,7 +96,7 @@ def test_an_in_process_ddp_run_leaves_no_process_group_nor_port_behind(tmp_path:
 def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     dump = tmp_path / "ranks"
     common = [*EXACT, "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1.0"]
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": PROBES}
     ddp_args = ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--data.batch_size", "32",
                 "--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--run.test_ckpt", "last",
                 "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}",
@@ -132,7 +133,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
 def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
     short = ["--trainer.max_epochs", "5", "--trainer.logger", "false"]  # compiling is most of the time: few epochs
     eager_run = build_cli(["fit", *short, "--run.name", "eager"])
-    cli = build_cli(["fit", "--model.init_args.compile", "true", *short])
+    cli = build_cli(["fit", "--trainer.callbacks+", "kiln.callbacks.Compile", *short])
     assert cli.test_metrics is not None and eager_run.test_metrics is not None
     assert cli.test_metrics["test/acc"] >= 0.97  # it learns ...
     assert abs(cli.test_metrics["test/acc"] - eager_run.test_metrics["test/acc"]) <= 2 / 359  # ... as eager does
@@ -143,9 +144,9 @@ def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
     best = checkpoint.best_model_path
     state = torch.load(best, weights_only=True, map_location="cpu")["state_dict"]
     assert not any("_orig_mod" in key for key in state)
-    eager = Classifier.load_from_checkpoint(best, compile=False).eval()
+    eager = Classifier.load_from_checkpoint(best).eval()
     assert isinstance(eager.net, SmallCNN)
-    assert cli.model.net._compiled_call_impl is not None and eager.net._compiled_call_impl is None
+    assert cli.model._compiled_call_impl is not None and eager._compiled_call_impl is None
     x = torch.randn(8, 1, 8, 8)
     cli.model.eval()
     with torch.inference_mode():
@@ -178,11 +179,15 @@ def test_channels_last_changes_layout_not_results() -> None:
     torch.manual_seed(0)
     net = ResNet(in_channels=3, num_classes=10, blocks_per_stage=1)
     plain = Classifier(net=copy.deepcopy(net), num_classes=10).eval()
-    nhwc = Classifier(net=copy.deepcopy(net), num_classes=10, channels_last=True).eval()
+    nhwc = Classifier(net=copy.deepcopy(net), num_classes=10).eval()
+    seen: list[bool] = []
+    nhwc.net.register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    ChannelsLast().setup(Mock(datamodule=None), nhwc, "fit")  # no declared shape: taken for images
     assert all(p.is_contiguous() for p in net.parameters())
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in nhwc.net.parameters() if p.ndim == 4)
     x = torch.randn(4, 3, 32, 32)
     torch.testing.assert_close(plain(x), nhwc(x), atol=1e-5, rtol=1e-4)
+    assert seen == [True]  # the input reached the network in NHWC layout
 
 
 def test_bf16_falls_back_to_fp16_on_gpus_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,9 +241,11 @@ def test_gpu_mixed_precision_learns(precision: str) -> None:
 @pytest.mark.gpu
 @CUDA
 def test_gpu_compile_channels_last_bf16() -> None:
-    args = ["-c", str(CONFIGS / "trainer" / "gpu.yaml"), "--model.init_args.compile", "true"]
-    cli = build_cli(["fit", *args, "--model.init_args.channels_last", "true", "--trainer.max_epochs", "10"])
+    args = ["-c", str(CONFIGS / "trainer" / "gpu.yaml"), "--trainer.callbacks+", "kiln.callbacks.Compile"]
+    cli = build_cli(["fit", *args, "--trainer.callbacks+", "kiln.callbacks.ChannelsLast", "--trainer.max_epochs", "10"])
     assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.98
+    assert cli.model._compiled_call_impl is not None
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in cli.model.parameters() if p.ndim == 4)
 
 
 @pytest.mark.gpu

@@ -13,12 +13,15 @@ from kiln.callbacks.preemption import PreemptionCheckpoint
 from kiln.callbacks.progress import ProgressBar
 from kiln.callbacks.resume import ExactResume
 from kiln.callbacks.run_metrics import RunMetrics
+from kiln.callbacks.speed import ChannelsLast, Compile
 from kiln.callbacks.train_loss import TrainLoss
 
 __all__ = [
     "EMA",
     "BatchGrid",
     "BatchSanityCheck",
+    "ChannelsLast",
+    "Compile",
     "ConfidentMistakes",
     "ConfusionMatrixReport",
     "ExactResume",

@@ -235,7 +235,9 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
         where = where_written(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
-        hint = nearest(option, parameters(import_class(owner)))
+        from kiln.cli.moved import moved_argument
+
+        hint = moved_argument(option) or nearest(option, parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind == "class" and (deeper := _under(f"{'.'.join(mistake.found)}.", mistake.classes)):
         hint = _moved_hint(deeper)  # a package along the path lacks the module (kiln.models.Classifier)

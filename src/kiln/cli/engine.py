@@ -402,6 +402,7 @@ class KilnCLI(LightningCLI):
             if (kiln_error := unwrap(err)) is not None:  # raised in a link: one line, not jsonargparse's chain
                 raise kiln_error from None
             raise
+        stop_signals.reclaim()  # the Trainer's MPI detection may have taken SIGUSR1 over
         self.links.prune(self.model.hparams)
         if self.run_dir is not None:  # the ranks ddp_spawn starts: their lines in console.log too
             self.trainer.callbacks.append(SpawnedRanks(self.run_dir))  # type: ignore[attr-defined]

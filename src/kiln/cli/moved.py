@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from kiln.cli.classes import import_class
+from kiln.cli.classes import import_class, parameters
 from kiln.errors import KilnError
 
 ENGINE = {"kiln.models.WarmupCosineLR": "kiln.training.schedules.WarmupCosineLR"}
@@ -22,6 +22,10 @@ MODULES = {
     "kiln.loggers": "kiln.training.loggers", "kiln.sweep.reporting": "kiln.commands.sweep.reporting",
     "kiln.sweep.sampling": "kiln.commands.sweep.sampling", "kiln.shapes": "kiln.cli.links",
 }  # fmt: skip
+# a model's arguments that became engine callbacks, with the value that meant "off" (they change speed, no number)
+ARGUMENTS = {"compile": ("kiln.callbacks.Compile", False), "compile_mode": ("kiln.callbacks.Compile's mode", None),
+             "compile_dynamic": ("kiln.callbacks.Compile's dynamic", False),
+             "channels_last": ("kiln.callbacks.ChannelsLast", False)}  # fmt: skip
 RESEARCH_FOLDERS = ("nets", "models", "data")  # what the research package holds, under the same folder names
 CLASS_KEYS = ("class_path", "_class_path")
 
@@ -79,12 +83,40 @@ def _moved(path: str, found: dict[str, str]) -> str:
 _said: set[tuple[str, str]] = set()
 
 
+def moved_argument(name: str) -> str | None:
+    """``; it is the callback X now: …`` for a model argument that became an engine callback, else None."""
+    if name not in ARGUMENTS:
+        return None
+    callback = ARGUMENTS[name][0]
+    path = callback.split("'")[0]
+    return f"; it is {callback} now: add the callback to trainer.callbacks (--trainer.callbacks+ {path})"
+
+
+def _without_moved_arguments(hparams: dict[str, Any], name: str) -> dict[str, Any]:
+    """Saved model arguments without those that became callbacks and the class no longer takes (one line where one
+    was on: the command runs without it unless the callback is added)."""
+    cls = import_class(str(hparams.get("_class_path")))
+    if cls is None:
+        return hparams
+    accepts = parameters(cls)
+    gone = [key for key in ARGUMENTS if key in hparams and key not in accepts]
+    for key in gone:
+        if hparams[key] != ARGUMENTS[key][1] and (name, key) not in _said:
+            _said.add((name, key))
+            hint = moved_argument(key) or ""
+            print(f"{name} was trained with model {key}={hparams[key]!r}{hint}", file=sys.stderr)
+    return {k: v for k, v in hparams.items() if k not in gone}
+
+
 def rehome_checkpoint(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
     """A checkpoint saved before the move, read with its classes' new paths (one line says which, once)."""
     found: dict[str, str] = {}
     for key in ("hyper_parameters", "datamodule_hyper_parameters"):
         if isinstance(checkpoint.get(key), dict) and (rehomed := _rehome(checkpoint[key], found)) != checkpoint[key]:
             checkpoint[key] = type(checkpoint[key])(rehomed)
+    if isinstance(checkpoint.get("hyper_parameters"), dict):
+        hparams = checkpoint["hyper_parameters"]
+        checkpoint["hyper_parameters"] = type(hparams)(_without_moved_arguments(dict(hparams), name))
     for old, new in found.items():
         if (name, old) not in _said:
             _said.add((name, old))

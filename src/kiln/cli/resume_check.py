@@ -13,10 +13,6 @@ from kiln.process.secrets import REDACTED
 
 # settings that change speed or memory, not the computation: a resume may change them
 RUNTIME_ONLY = {
-    "compile",
-    "compile_mode",
-    "compile_dynamic",
-    "channels_last",
     "fused",
     "foreach",
     "activation_checkpointing",

@@ -21,6 +21,16 @@ def install() -> None:
     _received.clear()
 
 
+def reclaim() -> None:
+    """Point the stop signals at Python's handlers again, after the Trainer is built: a native library can take them
+    over behind Python's back (OpenMPI, which mpi4py starts when Lightning looks for an MPI environment, swallows
+    SIGUSR1), and a preemption warning then goes unheard."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            if callable(handler := signal.getsignal(signum)):
+                signal.signal(signum, handler)
+
+
 def note(signum: int, frame: Any = None) -> None:
     """Remember a stop signal: the command acts on it at its next safe point."""
     _received.append(signal.Signals(signum).name)

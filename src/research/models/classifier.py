@@ -42,16 +42,6 @@ class Classifier(LightningModule):
         scheduler: Builds an LR scheduler from the optimizer; ``None`` keeps the LR constant.
         scheduler_interval: Step the scheduler every optimizer ``step`` or every ``epoch``.
         label_smoothing: Cross-entropy label smoothing.
-        compile: ``torch.compile`` the network (never this LightningModule, so ``self.log`` keeps
-            working); its parameter names do not change, so checkpoints load either way.
-        compile_mode: ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``).
-        compile_dynamic: ``torch.compile``'s ``dynamic``. ``False``: one graph per batch shape, each
-            specialised; with torch's automatic choice (``None``) an epoch's last, smaller batch turns
-            the network into a shape-generic graph that every later batch then runs. ``None`` suits
-            inputs whose length varies from batch to batch (more than torch's 8 recompilations).
-        channels_last: Keep weights and inputs in NHWC layout, faster for convolutions on GPUs
-            with tensor cores (use with ``bf16-mixed``/``16-mixed``). Images only: for other
-            inputs it is left off, with one line saying so.
         backbone_lr_ratio: Fine-tuning: the learning rate of the network's backbone (all but its
             ``head``) as a fraction of the head's, as two optimizer parameter groups that the
             LR monitor logs as ``lr-<Optimizer>/backbone`` and ``/head``; the schedule scales both.
@@ -67,10 +57,6 @@ class Classifier(LightningModule):
         scheduler: LRSchedulerCallable | None = _warmup_cosine,
         scheduler_interval: Literal["step", "epoch"] = "step",
         label_smoothing: float = 0.0,
-        compile: bool = False,
-        compile_mode: str | None = None,
-        compile_dynamic: bool | None = False,
-        channels_last: bool = False,
         backbone_lr_ratio: float = 1.0,
         freeze_backbone_epochs: int = 0,
     ) -> None:
@@ -83,12 +69,6 @@ class Classifier(LightningModule):
         for key in [k for k, v in self.hparams.items() if callable(v)]:
             del self.hparams[key]
         self.net = net
-        self.channels_last = channels_last
-        if channels_last:
-            self.net.to(memory_format=torch.channels_last)
-        if compile:
-            # in place: same state_dict keys, no `_orig_mod.` prefix
-            self.net.compile(mode=compile_mode, dynamic=compile_dynamic)
         self.num_classes = num_classes
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -115,15 +95,9 @@ class Classifier(LightningModule):
 
     def setup(self, stage: str) -> None:
         shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
-        if self.channels_last and shape is not None and len(shape) != 3:
-            say(f"model.channels_last: off, as samples of shape {tuple(shape)} are not images (C, H, W)")
-            self.channels_last = False
-            self.net.to(memory_format=torch.contiguous_format)
         # an input of the data's shape: the model summary then shows real FLOPs and in/out sizes
         # (not for a net that declares other channels: BatchSanityCheck names that mismatch in one line)
         if shape is None or getattr(self.net, "in_channels", shape[0]) != shape[0]:
-            return
-        if self.hparams.get("compile"):  # the summary's forward would compile the net for a batch of one
             return
         if self.example_input_array is None:
             self.example_input_array = torch.zeros(1, *shape)
@@ -142,8 +116,6 @@ class Classifier(LightningModule):
             drop_gradients(self._backbone)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
     def _loss(self, logits: Tensor, y: Tensor) -> Tensor:
