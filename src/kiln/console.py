@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 # (logger, start of the message, why it goes)
@@ -130,27 +128,6 @@ def end_command() -> None:
     handler.close()
     for stream, level in changed:
         stream.setLevel(level)
-
-
-SUMMARY_OFF_ENV = "KILN_NO_RUN_SUMMARY"  # a run inside multirun (its own process too): the command sums up
-
-
-@contextmanager
-def run_summary_off() -> Iterator[None]:
-    """Runs of another command print no summary of their own (the command prints a line per run)."""
-    before = os.environ.get(SUMMARY_OFF_ENV)
-    os.environ[SUMMARY_OFF_ENV] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(SUMMARY_OFF_ENV, None)
-        else:
-            os.environ[SUMMARY_OFF_ENV] = before
-
-
-def run_summary_wanted() -> bool:
-    return os.environ.get(SUMMARY_OFF_ENV) != "1" or verbose()
 
 
 def say(message: str) -> None:

@@ -79,6 +79,10 @@ def test_a_sweep_completes_its_trials_and_best_yaml_reproduces_the_best(extra: l
         assert again == done.best_value
     assert "runs/tiny-best" in str(rerun.trainer.default_root_dir)
     assert rerun.test_metrics is not None  # best.yaml kept the trials' test_after_fit false: the rerun printed nothing
+    (trial_file,) = (folder / "trial-0000").glob("*/config.yaml")
+    trial_config = yaml.safe_load(trial_file.read_text())
+    assert trial_config["run"]["summary"] is False  # the sweep prints a line per trial, told by argument ...
+    assert rerun.config.fit.run.summary is True  # ... and the rerun of best.yaml ends on its own summary
 
 
 @pytest.mark.slow

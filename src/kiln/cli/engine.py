@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +15,7 @@ import yaml
 from jsonargparse import ArgumentError, Namespace
 from jsonargparse._actions import _ActionPrintConfig  # README: private APIs
 from jsonargparse.typing import PositiveInt
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.cli import _InstantiatorFn as _InstantiatorFn  # README: private APIs
@@ -96,6 +96,8 @@ class RunOptions:
         without: Callbacks of ``trainer.callbacks`` to leave out, by class name (``[BatchGrid]``)
             or path; a subclass of a named class goes too. A preset drops (or, adding its own,
             replaces) one default callback this way without restating the whole list.
+        summary: End on the run summary (``kiln sweep`` and ``kiln multirun`` turn it off for their runs: they print
+            a line per run and their own table; ``-v`` prints it anyway).
     """
 
     name: str = "default"
@@ -104,6 +106,7 @@ class RunOptions:
     test_ckpt: TestChoice = "both"
     cpu_threads: PositiveInt | None = None
     without: list[str] = field(default_factory=list)
+    summary: bool = True
 
 
 class WandbConfigSaver(SaveConfigCallback):
@@ -182,7 +185,12 @@ class KilnCLI(LightningCLI):
     # validate/test/predict from a CLI checkpoint: its hyper-parameters, weight shapes and path
     _trained: tuple[dict[str, Any], dict[str, tuple[int, ...]], str] | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, inside: str | None = None, callbacks: Sequence[Callback] = (), **kwargs: Any
+    ) -> None:
+        """``inside``: the command that runs this one in its own process (``kiln sweep``), if any; ``callbacks``:
+        objects it adds to the trainer's (a sweep's reporter holding its trial)."""
+        self.inside, self.extra_callbacks = inside, list(callbacks)
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
         self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
@@ -403,6 +411,7 @@ class KilnCLI(LightningCLI):
                 raise kiln_error from None
             raise
         stop_signals.reclaim()  # the Trainer's MPI detection may have taken SIGUSR1 over
+        self.trainer.callbacks.extend(self.extra_callbacks)  # type: ignore[attr-defined]
         self.links.prune(self.model.hparams)
         if self.run_dir is not None:  # the ranks ddp_spawn starts: their lines in console.log too
             self.trainer.callbacks.append(SpawnedRanks(self.run_dir))  # type: ignore[attr-defined]
@@ -421,7 +430,7 @@ class KilnCLI(LightningCLI):
             refuse_unloadable(*self._trained[:2], self.model, self._trained[2])
 
     def before_fit(self) -> None:
-        process_group.check_one_process(self.trainer.num_devices * self.trainer.num_nodes)
+        process_group.check_one_process(self.trainer.num_devices * self.trainer.num_nodes, self.inside)
         self._start_wandb()
 
     def _start_wandb(self) -> None:
@@ -437,13 +446,14 @@ class KilnCLI(LightningCLI):
         config = self.config[self.subcommand]
         if self.trainer.interrupted:
             return
+        summary = config.run.summary or console.verbose()
         if not config.run.test_after_fit:
-            summarize_untested(self.trainer)
+            summarize_untested(self.trainer, summary)
             return
         try:
             if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins
                 raise SIGTERMException if name == "SIGTERM" else Preempted(f"{name} before the test after fit")
-            self.test_metrics = test_after_fit(self.trainer, self.model, self.datamodule, config.run.test_ckpt)
+            self.test_metrics = test_after_fit(self.trainer, self.model, self.datamodule, config.run.test_ckpt, summary)
         except (SIGTERMException, Preempted):
             print(
                 "the test after fit was stopped; training is complete: the same command with "
@@ -497,11 +507,13 @@ def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Names
     return found
 
 
-def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
+def build_cli(
+    args: ArgsType = None, run: bool = True, inside: str | None = None, callbacks: Sequence[Callback] = ()
+) -> KilnCLI:
     """The CLI with the default experiment's config applied first.
 
     ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
-    tests get exactly what ``kiln fit`` would train.
+    tests get exactly what ``kiln fit`` would train. ``inside`` and ``callbacks``: see :class:`KilnCLI`.
     """
     top: dict[str, Any] = {
         "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
@@ -517,4 +529,6 @@ def build_cli(args: ArgsType = None, run: bool = True) -> KilnCLI:
         parser_kwargs={**top, **{sub: defaults for sub in LightningCLI.subcommands()}} if run else defaults,
         args=args,
         run=run,
+        inside=inside,
+        callbacks=callbacks,
     )

@@ -49,14 +49,11 @@ def released_after() -> Iterator[None]:
                 os.environ[key] = value
 
 
-inside_command = False  # a `kiln fit` runs inside `kiln sweep` or `kiln multirun` (kiln.commands.sweep.inprocess.fit)
-
-
-def check_one_process(devices: int) -> None:
-    """Refuse, before training, a multi-process run inside another command: DDP starts its other ranks by
-    running the command line again, which would be the sweep, not the trial."""
-    if inside_command and devices > 1:
+def check_one_process(devices: int, inside: str | None) -> None:
+    """Refuse, before training, a multi-process run inside another command (``inside``, e.g. ``kiln sweep``): DDP
+    starts its other ranks by running the command line again, which would be the sweep, not the trial."""
+    if inside is not None and devices > 1:
         raise NeedsOwnProcess(
-            f"this run trains on {devices} processes (DDP), which cannot start inside `kiln sweep`/`kiln multirun`: "
+            f"this run trains on {devices} processes (DDP), which cannot start inside `{inside}`: "
             "add --subprocess to run each `kiln fit` as its own process"
         )

@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 
-from kiln import console
 from kiln.files import written_whole
 from kiln.runs.folders import layout, read_metrics
 from kiln.runs.summary import TestResult, print_summary, print_untested, wandb_sync_command
@@ -46,9 +45,11 @@ def checkpoints_to_test(trainer: Trainer, choice: TestChoice) -> list[tuple[str,
 
 
 def test_after_fit(
-    trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, choice: TestChoice
-) -> dict[str, float]:
-    """Test the chosen checkpoints, write ``metrics.json``, print the summary; the first one's metrics."""
+    trainer: Trainer, model: LightningModule, datamodule: LightningDataModule | None, choice: TestChoice,
+    summary: bool = True,
+) -> dict[str, float]:  # fmt: skip
+    """Test the chosen checkpoints, write ``metrics.json``, print the summary (``summary``); the first one's
+    metrics."""
     results = []
     for label, path, step in checkpoints_to_test(trainer, choice):
         out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
@@ -59,19 +60,19 @@ def test_after_fit(
         write_metrics(run_dir, trainer, results)
         sync = wandb_sync_command(trainer)  # read from the run before it closes
         finish_wandb()  # W&B prints its history as it closes: before the summary, so the console ends on it
-        if console.run_summary_wanted():
+        if summary:
             print_summary(results, run_dir, sync)
     return results[0].metrics
 
 
-def summarize_untested(trainer: Trainer) -> None:
+def summarize_untested(trainer: Trainer, summary: bool = True) -> None:
     """A fit without its test ends on a summary too: its last validation, the weights to test, its run folder."""
     if not trainer.is_global_zero:
         return
     run_dir = Path(trainer.default_root_dir)
     sync = wandb_sync_command(trainer)
     finish_wandb()
-    if not console.run_summary_wanted():
+    if not summary:
         return
     best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None
     last = layout(run_dir).last

@@ -66,17 +66,18 @@ def run_trial(
     name = trial_name(trial)
     trial.set_user_attr("run", str(sweep_dir / name))
     args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
-            "--run.test_after_fit=false", "--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
-            f"--trainer.callbacks.metric={sweep.metric}", *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
-    reporting.current = trial
+            "--run.test_after_fit=false", *([] if console.verbose() else ["--run.summary=false"]),
+            *(["--ckpt_path=last"] if resume else [])]  # fmt: skip  # the sweep prints a line per trial, and its table
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
     try:
-        with console.run_summary_off(), beating(trial):  # the sweep prints a line per trial, and its table
-            if subprocess_trials:
-                fit_trial_process(args, trial, sweep, sweep_dir, storage)
+        with beating(trial):
+            if subprocess_trials:  # its reporter reopens the trial (reporting.TRIAL_ENV)
+                reporter = ["--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
+                            f"--trainer.callbacks.metric={sweep.metric}"]  # fmt: skip
+                fit_trial_process([*args, *reporter], trial, sweep, sweep_dir, storage)
             else:
-                fit(args)
+                fit(args, inside="kiln sweep", callbacks=[reporting.TrialReporter.of(trial, sweep.metric)])
     except AlreadyFinished:
         pass  # trained before the last driver stopped: its reported values stand
     except (SIGTERMException, *STOPPED):
@@ -90,7 +91,6 @@ def run_trial(
             raise  # every trial would fail the same way
         return state
     finally:
-        reporting.current = None
         os.environ.pop("WANDB_RUN_GROUP", None)
     trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
     recorded = study.get_trials(deepcopy=False)[trial.number]  # what the reporter wrote, here or in the child

@@ -10,11 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kiln.errors import Interrupted, KilnError, Preempted, Stopped
-from kiln.process import process_group, stop_signals
+from kiln.process import stop_signals
 from kiln.runs import folders
 
 STOPPED = (Stopped, Preempted, Interrupted)
@@ -27,14 +28,14 @@ def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[arg
     return parser.parse_args(own), fit_args  # a OneLineParser: a bad option raises UsageError
 
 
-def fit(args: list[str]) -> Any:
-    """``kiln fit <args>`` here (``build_cli``), with the command's own ``sys.argv`` hidden for the call."""
+def fit(args: list[str], inside: str, callbacks: Sequence[Any] = ()) -> Any:
+    """``kiln fit <args>`` here (``build_cli``) for the command ``inside``, with that command's own ``sys.argv``
+    hidden for the call; ``callbacks`` join the trainer's."""
     from kiln.cli import argv_hidden, build_cli
 
-    process_group.inside_command = True
     try:
         with argv_hidden():
-            cli = build_cli(["fit", *args])
+            cli = build_cli(["fit", *args], inside=inside, callbacks=callbacks)
         folders.record_status("finished")
         return cli
     except Exception as err:  # a stop, a user error or a crash: the run's folder says which
@@ -44,8 +45,6 @@ def fit(args: list[str]) -> Any:
     except BaseException as err:  # Ctrl-C, Lightning's SIGTERMException (a SystemExit)
         folders.record_status("interrupted", type(err).__name__)
         raise
-    finally:
-        process_group.inside_command = False
 
 
 def resolved_config(fit_args: list[str]) -> str:

@@ -90,7 +90,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 CONFIG_FILE = "multirun.yaml"  # in a run folder: the config it was resolved to, what a rerun compares
-QUIET_RUN = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+QUIET_RUN = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--run.summary=false"]
 
 
 def describe_run(run_dir: Path) -> str:
@@ -234,9 +234,8 @@ def _one_run(
     quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
     resume = ["--ckpt_path=last"] if cut is not None else []
     try:
-        with console.run_summary_off():
-            args = [*run, *quiet, *resume]
-            fit_process(args, runs_under=root / name) if own_process else fit(args)
+        args = [*run, *quiet, *resume]
+        fit_process(args, runs_under=root / name) if own_process else fit(args, inside="kiln multirun")
     except (SIGTERMException, *STOPPED):
         _note_config(root / name, before, config)  # the same command resumes it
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)

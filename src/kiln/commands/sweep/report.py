@@ -64,6 +64,7 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     config = portable(config, run_dir)
     config.setdefault("run", {})["name"] = f"{sweep.name}-best"
     config["run"]["root"] = "runs"
+    config["run"].pop("summary", None)  # trials leave the summary to the sweep; the rerun ends on its own
     given = " ".join(sweep.args).replace("test_after_fit ", "test_after_fit=")
     # trials skip the test (the sweep needs validation only); the rerun tests, unless the sweep's own args said no
     config["run"]["test_after_fit"] = "test_after_fit=false" not in given.lower()

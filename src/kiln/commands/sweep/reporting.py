@@ -10,8 +10,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from kiln.cli.config_errors import nearest
 from kiln.errors import UsageError
 
-TRIAL_ENV = "KILN_SWEEP_TRIAL"  # set by `kiln sweep --subprocess` for the trial's own `kiln fit` process
-current: Any = None  # the optuna Trial the running `kiln fit` belongs to (set by the sweep driver)
+# set by `kiln sweep --subprocess` for the trial's own `kiln fit` process: the storage URL, password included, stays
+# out of the command line and so out of the trial's config.yaml and checkpoints
+TRIAL_ENV = "KILN_SWEEP_TRIAL"
 
 
 class MetricNotLogged(UsageError):
@@ -29,14 +30,21 @@ class TrialReporter(Callback):
     def __init__(self, metric: str = "val/loss") -> None:
         self.metric = metric
         self.active = False
+        self.trial: Any = None  # the optuna Trial this run is
+
+    @classmethod
+    def of(cls, trial: Any, metric: str) -> TrialReporter:
+        """The reporter of an in-process trial (``kiln sweep`` adds it to the trainer's callbacks)."""
+        reporter = cls(metric)
+        reporter.trial = trial
+        return reporter
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        global current
-        self.active = current is not None or TRIAL_ENV in os.environ  # the same on every rank
-        if current is None and self.active and trainer.is_global_zero:  # a trial in its own process
+        self.active = self.trial is not None or TRIAL_ENV in os.environ  # the same on every rank
+        if self.trial is None and self.active and trainer.is_global_zero:  # a trial in its own process
             from kiln.commands.sweep.study import reopen_trial
 
-            current = reopen_trial(os.environ[TRIAL_ENV])
+            self.trial = reopen_trial(os.environ[TRIAL_ENV])
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.active:
@@ -52,9 +60,9 @@ class TrialReporter(Callback):
             return
         prune = False
         if trainer.is_global_zero and value is not None:
-            current.report(float(value), step=trainer.current_epoch)
-            prune = current.should_prune()
+            self.trial.report(float(value), step=trainer.current_epoch)
+            prune = self.trial.should_prune()
             if prune:
-                current.set_user_attr("pruned", True)
+                self.trial.set_user_attr("pruned", True)
         if trainer.strategy.broadcast(prune, src=0):  # every DDP rank stops at the same epoch
             trainer.should_stop = True
