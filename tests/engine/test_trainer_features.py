@@ -157,6 +157,19 @@ def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
         cli.model(torch.randn(33, 1, 8, 8))
 
 
+@pytest.mark.slow
+def test_the_speed_callbacks_serve_a_module_that_is_not_the_classifier() -> None:
+    """Compile and ChannelsLast were Classifier arguments; as callbacks they serve any LightningModule (here the
+    regression example's: feature vectors, no classes), ChannelsLast stepping aside for its non-image inputs."""
+    cli = build_cli(["fit", "-c", str(CONFIGS / "experiment" / "friedman.yaml"), "--trainer.max_epochs", "1",
+                     "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", "--trainer.logger",
+                     "false", "--run.test_after_fit", "false", "--trainer.callbacks+", "kiln.callbacks.Compile",
+                     "--trainer.callbacks+", "kiln.callbacks.ChannelsLast"])  # fmt: skip
+    assert type(cli.model).__name__ == "Regressor" and cli.trainer.state.finished
+    assert cli.model._compiled_call_impl is not None  # its forward ran compiled
+    assert torch.isfinite(cli.trainer.callback_metrics["val/loss"])
+
+
 def test_activation_checkpointing_keeps_loss_gradients_and_batchnorm_stats() -> None:
     torch.manual_seed(0)
     plain = ResNet(in_channels=3, num_classes=10, blocks_per_stage=2)
