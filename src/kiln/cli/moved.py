@@ -22,10 +22,12 @@ MODULES = {
     "kiln.loggers": "kiln.training.loggers", "kiln.sweep.reporting": "kiln.commands.sweep.reporting",
     "kiln.sweep.sampling": "kiln.commands.sweep.sampling", "kiln.shapes": "kiln.cli.links",
 }  # fmt: skip
-# a model's arguments that became engine callbacks, with the value that meant "off" (they change speed, no number)
-ARGUMENTS = {"compile": ("kiln.callbacks.Compile", False), "compile_mode": ("kiln.callbacks.Compile's mode", None),
-             "compile_dynamic": ("kiln.callbacks.Compile's dynamic", False),
-             "channels_last": ("kiln.callbacks.ChannelsLast", False)}  # fmt: skip
+# a model's arguments that became engine callbacks: (the callback, its argument if one took the model's, the value
+# that meant "off"); they change speed, no number
+ARGUMENTS = {"compile": ("kiln.callbacks.Compile", None, False),
+             "compile_mode": ("kiln.callbacks.Compile", "mode", None),
+             "compile_dynamic": ("kiln.callbacks.Compile", "dynamic", False),
+             "channels_last": ("kiln.callbacks.ChannelsLast", None, False)}  # fmt: skip
 RESEARCH_FOLDERS = ("nets", "models", "data")  # what the research package holds, under the same folder names
 CLASS_KEYS = ("class_path", "_class_path")
 
@@ -87,9 +89,9 @@ def moved_argument(name: str) -> str | None:
     """``; it is the callback X now: …`` for a model argument that became an engine callback, else None."""
     if name not in ARGUMENTS:
         return None
-    callback = ARGUMENTS[name][0]
-    path = callback.split("'")[0]
-    return f"; it is {callback} now: add the callback to trainer.callbacks (--trainer.callbacks+ {path})"
+    callback, argument, _ = ARGUMENTS[name]
+    now = f"{callback}'s {argument}" if argument else callback
+    return f"; it is {now} now: add the callback to trainer.callbacks (--trainer.callbacks+ {callback})"
 
 
 def _without_moved_arguments(hparams: dict[str, Any], name: str) -> dict[str, Any]:
@@ -101,7 +103,7 @@ def _without_moved_arguments(hparams: dict[str, Any], name: str) -> dict[str, An
     accepts = parameters(cls)
     gone = [key for key in ARGUMENTS if key in hparams and key not in accepts]
     for key in gone:
-        if hparams[key] != ARGUMENTS[key][1] and (name, key) not in _said:
+        if hparams[key] != ARGUMENTS[key][2] and (name, key) not in _said:
             _said.add((name, key))
             hint = moved_argument(key) or ""
             print(f"{name} was trained with model {key}={hparams[key]!r}{hint}", file=sys.stderr)

@@ -18,7 +18,6 @@ from typing import Any
 
 import yaml
 
-from kiln import console
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import (
@@ -66,8 +65,8 @@ def run_trial(
     name = trial_name(trial)
     trial.set_user_attr("run", str(sweep_dir / name))
     args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
-            "--run.test_after_fit=false", *([] if console.verbose() else ["--run.summary=false"]),
-            *(["--ckpt_path=last"] if resume else [])]  # fmt: skip  # the sweep prints a line per trial, and its table
+            "--run.test_after_fit=false", "--run.summary=false",  # the sweep prints a line per trial, and its table
+            *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
     try:
