@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,9 +12,12 @@ from pathlib import Path
 @contextmanager
 def written_whole(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; it replaces ``path`` when the block ends without an error,
-    and is removed when it raises (``OSError`` of a full disk included)."""
+    and is removed when it raises (``OSError`` of a full disk included). Each writer has its own temporary (its
+    process and thread in the name): sweep drivers ending together all write the sweep's pictures, and with one
+    shared name a driver's rename found its temporary already moved away (an internal error)."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.partial{path.suffix}")  # the suffix: Pillow picks the format by it
+    writer = f"{os.getpid()}-{threading.get_ident()}"
+    temporary = path.with_name(f".{path.name}.{writer}.partial{path.suffix}")  # the suffix: Pillow picks the format
     try:
         yield temporary
         os.replace(temporary, path)

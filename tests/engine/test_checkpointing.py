@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
+from kiln.files import written_whole
 from kiln.training.checkpointing import AtomicCheckpointIO, CheckpointError, load_checkpoint_file
 
 QUIET_LIMIT = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
@@ -31,6 +33,24 @@ def test_crash_mid_write_leaves_the_previous_checkpoint_intact(tmp_path: Path, m
     monkeypatch.undo()
     assert load_checkpoint_file(target)["global_step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left behind
+
+
+def test_two_writers_of_one_file_at_once_both_end_and_leave_it_whole(tmp_path: Path) -> None:
+    """Three sweep drivers ending together each write the sweep's importance.png: with one temporary name for every
+    writer, a driver's rename found its temporary moved away by another's (FileNotFoundError, an internal error)."""
+    path = tmp_path / "importance.png"
+
+    def other_writer() -> None:
+        with written_whole(path) as partial:
+            partial.write_text("theirs")
+
+    with written_whole(path) as partial:
+        partial.write_text("ours")
+        other = threading.Thread(target=other_writer)  # another writer starts and ends inside this one's block
+        other.start()
+        other.join()
+        assert path.read_text() == "theirs"
+    assert path.read_text() == "ours" and [p.name for p in tmp_path.iterdir()] == ["importance.png"]
 
 
 def test_training_writes_through_the_atomic_io() -> None:
