@@ -33,6 +33,12 @@ DEPENDENCY_WARNINGS = [
 ]  # fmt: skip
 
 
+def quiet_worker_hint() -> None:
+    """Drop Lightning's "does not have many workers" hint for loaders of tensors held in memory: on a machine with
+    more than 2 cores it asks for `num_workers=<cores - 1>`, where worker processes would only add IPC."""
+    warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers", module=r"lightning")
+
+
 class _DropUnhelpful(logging.Filter):
     def __init__(self, starts: tuple[str, ...]) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from kiln.console import quiet_worker_hint
 from kiln.data.on_device import (
     DeviceLoader,
     augmentation_seed,
@@ -378,6 +379,8 @@ class TensorDataModule(LightningDataModule):
         if self.on_device:
             return self._device_loader(dataset, sampler)
         shard = None
+        if isinstance(dataset, InMemoryDataset) and self.num_workers == 0:
+            quiet_worker_hint()
         if not train and trainer is not None and trainer.world_size > 1:  # every sample once, never a padded repeat
             shard = EvaluationShard(dataset, trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
         return DataLoader(
