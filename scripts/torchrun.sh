@@ -9,8 +9,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 NNODES=${NNODES:-1}
+venv=${VENV:-$here/.venv}  # the environment `make install` made; VENV=<folder> for another one with kiln
+[ -x "$venv/bin/torchrun" ] || { echo "scripts/torchrun.sh: no $venv/bin/torchrun: run 'make install' in the project folder first, or set VENV to an environment with kiln" >&2; exit 1; }
 if [ "$NNODES" -gt 1 ]; then : "${RDZV_ID:?set RDZV_ID to the same new value on every node}"; fi
-gpus=$("$here/.venv/bin/python" -c "import torch; print(torch.cuda.device_count())")
+gpus=$("$venv/bin/python" -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -gt 0 ]; then
   PRESET=${PRESET:-$here/configs/trainer/ddp.yaml}
   NPROC_PER_NODE=${NPROC_PER_NODE:-$gpus}
@@ -18,7 +20,7 @@ else
   PRESET=${PRESET:-$here/configs/trainer/ddp_cpu.yaml}
   NPROC_PER_NODE=${NPROC_PER_NODE:-2}
 fi
-exec "$here/.venv/bin/torchrun" \
+exec "$venv/bin/torchrun" \
   --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "${NODE_RANK:-0}" \
   --rdzv-id "${RDZV_ID:-kiln-$(date +%Y%m%d-%H%M%S)}" --rdzv-backend c10d \
   --rdzv-endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" \

@@ -35,6 +35,26 @@ def test_each_launch_script_is_valid_bash(script: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("script", ["torchrun.sh", "slurm.sbatch", "sweep.sbatch", "multirun.sbatch"])
+def test_a_script_without_the_projects_environment_stops_in_one_line_before_anything_starts(
+    script: str, tmp_path: Path
+) -> None:
+    """Without .venv (a GPU machine's own Python) torchrun.sh ended in `.venv/bin/python: No such file`, exit 127."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPTS / script, tmp_path / "scripts" / script)
+    done = subprocess.run(["bash", f"scripts/{script}"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    torchrun = script == "torchrun.sh"  # finds the project from its own path; the sbatch scripts run in it
+    wanted = f"{tmp_path}/.venv/bin/torchrun" if torchrun else ".venv/bin/kiln"
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"scripts/{script}: no {wanted}: run 'make install' in the project folder first, or set VENV to an "
+        "environment with kiln"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scripts"]  # nothing made (no runs/, no study)
+    other = subprocess.run(["bash", f"scripts/{script}"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "VENV": str(tmp_path / "mine")})  # fmt: skip
+    assert f"no {tmp_path / 'mine'}/bin/{Path(wanted).name}:" in other.stderr
+
+
 @pytest.mark.slow
 def test_torchrun_script_trains_across_two_nodes_of_this_machine_into_one_run_folder(tmp_path: Path) -> None:
     """It called nvidia-smi (exit 127 without it) and forced the GPU preset (SyncBatchNorm: an internal error)."""
