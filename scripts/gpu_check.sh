@@ -27,6 +27,7 @@ else
     touch "$site/.done"
   fi
   export PYTHONPATH="$site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # subprocesses (python -m kiln) inherit it
+  export VENV=${VENV:-$("$py" -c 'import sys; print(sys.prefix)')}  # scripts/torchrun.sh runs its torchrun
 fi
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
