@@ -26,6 +26,9 @@ DEPENDENCY_WARNINGS = [
      "a resume goes on in its own run folder, beside the checkpoints it goes on from: expected, on every resume"),
     (UserWarning, r"The `srun` command is available on your system but is not used", "",
      "printed twice on every run of a machine with SLURM installed; scripts/slurm.sbatch runs kiln under srun"),
+    (UserWarning, r"Using `DistributedSampler` with the dataloaders", r"lightning\.pytorch\.trainer",
+     "printed for every padded or unpadded evaluation set under DDP; kiln.callbacks.RunMetrics says in one line "
+     "when samples are repeated, how many, and how to count each once (kiln.data.EvaluationShard)"),
     (UserWarning, r"You're resuming from a checkpoint that ended before the epoch ended",
      r"lightning\.pytorch\.loops\.training_epoch_loop",
      "on every mid-epoch resume: kiln's datamodules resume their loaders at the saved sample (ExactResume), and kiln "

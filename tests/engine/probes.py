@@ -233,6 +233,8 @@ class SignalAtHook(Callback):
 class PlainDigits(LightningDataModule):
     """The digits as a plain LightningDataModule: tensors and a shuffling DataLoader, no kiln base class."""
 
+    split: tuple[float, ...] = (0.8, 0.1, 0.1)  # 1438, 180 and 179 digits
+
     def __init__(self, batch_size: int = 32) -> None:
         super().__init__()
         self.batch_size = batch_size
@@ -243,7 +245,7 @@ class PlainDigits(LightningDataModule):
         images, labels = load_digits()
         self.sets = torch.utils.data.random_split(
             torch.utils.data.TensorDataset(images.float().div(16).unsqueeze(1), labels),
-            [0.8, 0.1, 0.1],
+            list(self.split),
             generator=torch.Generator().manual_seed(0),
         )
 
@@ -264,6 +266,20 @@ class ManyCores(Callback):
         import lightning.fabric.utilities.data as data
 
         data._num_cpus_available = lambda: cores
+
+
+class ShardedValDigits(PlainDigits):
+    """PlainDigits with an odd validation set (181) drawn through kiln.data.EvaluationShard, and an odd test set
+    (179) through a plain DataLoader, as most LightningDataModules write it."""
+
+    split = (1437, 181, 179)
+
+    def val_dataloader(self) -> DataLoader:
+        from kiln.data import EvaluationShard
+
+        assert self.trainer is not None
+        shard = EvaluationShard(self.sets[1], self.trainer.world_size, self.trainer.global_rank)
+        return DataLoader(self.sets[1], batch_size=self.batch_size, sampler=shard)
 
 
 class SlurmSignalAtStep(Callback):

@@ -130,6 +130,30 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_under_ddp_a_plain_datamodules_repeated_evaluation_samples_are_said_and_recorded(tmp_path: Path) -> None:
+    """Lightning pads an evaluation set that brought no distributed sampler to a multiple of the ranks: a plain
+    datamodule's 179 test digits were scored as 180 on 2 ranks, with a generic warning and nothing recorded."""
+    command = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--data",
+               "probes.ShardedValDigits", "--model.init_args.num_classes", "10",
+               "--model.init_args.net.init_args.in_channels", "1", "--trainer.max_epochs", "1",
+               "--trainer.limit_train_batches", "4", "--trainer.logger", "false",
+               "--run.root", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PROBES},
+                          timeout=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = (done.stdout + done.stderr).splitlines()
+    assert [line for line in printed if "under DDP" in line] == [  # the odd validation set, sharded: no line
+        "test under DDP: Lightning repeats 1 of the 179 test samples so that 2 ranks get equal shares, and test/ "
+        "metrics count 180; for each sample once, give test_dataloader's DataLoader "
+        "sampler=kiln.data.EvaluationShard(dataset, trainer.world_size, trainer.global_rank)"
+    ]
+    assert "Using `DistributedSampler` with the dataloaders" not in done.stderr  # Lightning's, said either way
+    (run_dir,) = (tmp_path / "digits").iterdir()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["repeated_samples"] == {"test": {"samples": 179, "counted": 180}}
+
+
+@pytest.mark.slow
 def test_compiled_network_learns_logs_and_loads_uncompiled() -> None:
     short = ["--trainer.max_epochs", "5", "--trainer.logger", "false"]  # compiling is most of the time: few epochs
     eager_run = build_cli(["fit", *short, "--run.name", "eager"])

@@ -8,6 +8,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from kiln.console import say
+from kiln.data.sampling import repeated_samples
 from kiln.errors import Preempted, Stopped
 from kiln.runs.folders import record_status
 from kiln.training.testing import WEIGHTS_STEP, update_metrics, weights_step
@@ -24,6 +26,7 @@ class RunMetrics(Callback):
         self.history: list[dict[str, float]] = []  # one entry per validation, with its epoch
         self.seconds = 0.0  # wall time of earlier runs of this fit (resumes)
         self._started: float | None = None
+        self._repeats: dict[str, dict[str, int]] = {}  # split -> samples and how many its metrics counted
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._started = time.monotonic()
@@ -33,6 +36,29 @@ class RunMetrics(Callback):
         the weights in memory) beside its metrics, in the same row of ``metrics.csv``, W&B and TensorBoard."""
         step = weights_step(trainer.ckpt_path) if trainer.ckpt_path else trainer.global_step
         pl_module.log(WEIGHTS_STEP, float(step if step is not None else -1), sync_dist=True, reduce_fx="max")
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_repeats(trainer, "val", trainer.val_dataloaders)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_repeats(trainer, "test", trainer.test_dataloaders)
+
+    def _check_repeats(self, trainer: Trainer, split: str, loaders: Any) -> None:
+        """Under DDP, Lightning pads an evaluation set that brought no distributed sampler to a multiple of the
+        ranks, repeating samples in the metrics: said once per split, and kept in ``metrics.json``."""
+        for loader in loaders if isinstance(loaders, list | tuple) else [loaders]:
+            found = repeated_samples(loader)
+            if found is None or split in self._repeats:
+                continue
+            samples, counted = found
+            self._repeats[split] = {"samples": samples, "counted": counted}
+            method = "val_dataloader" if split == "val" else "test_dataloader"
+            say(f"{split} under DDP: Lightning repeats {counted - samples} of the {samples} {split} samples so that "
+                f"{trainer.world_size} ranks get equal shares, and {split}/ metrics count {counted}; for each sample "
+                f"once, give {method}'s DataLoader sampler=kiln.data.EvaluationShard(dataset, trainer.world_size, "
+                "trainer.global_rank)")  # fmt: skip
+            if trainer.is_global_zero:
+                update_metrics(trainer.default_root_dir, repeated_samples=self._repeats)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
