@@ -98,13 +98,20 @@ def run_generated(project: Path, *args: str, timeout: int = 600) -> subprocess.C
 
 
 @pytest.mark.slow
-def test_a_generated_projects_make_test_passes(project: Path) -> None:
-    """The project's own `make test`, as its user runs it (with this environment standing in for `make install`)."""
-    done = run_generated(project, "-m", "kiln", "fit", "--print_config")
-    assert done.returncode == 0 and "retina_scan.data.DigitsDataModule" in done.stdout
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "UV_PROJECT_ENVIRONMENT": str(ROOT / ".venv"),
-           "VIRTUAL_ENV": str(ROOT / ".venv")}  # fmt: skip
-    env.pop("PYTEST_CURRENT_TEST", None)
+def test_a_generated_projects_make_install_and_make_test_pass(template: Path, tmp_path: Path) -> None:
+    """The project's own `make install` (its own .venv, from uv's cache: no network) and `make test`, as its user
+    runs them; the test once stood this environment in for `make install`."""
+    from cookiecutter.main import cookiecutter
+
+    project = Path(cookiecutter(str(template), no_input=True, extra_context=ANSWERS, output_dir=str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH",
+                                                            "PYTEST_CURRENT_TEST")}  # fmt: skip
+    done = subprocess.run(["make", "install"], cwd=project, env={**env, "UV_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    kiln = subprocess.run([str(project / ".venv" / "bin" / "kiln"), "fit", "--print_config"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert kiln.returncode == 0 and "retina_scan.data.DigitsDataModule" in kiln.stdout, kiln.stderr[-2000:]
     done = subprocess.run(["make", "test"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"\d+ passed", done.stdout) and " error" not in done.stdout.splitlines()[-1]
