@@ -55,7 +55,8 @@ MpiDefault=none
 ReturnToService=2
 JobRequeue=1
 KillWait=10
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+# the cores, not OMP_NUM_THREADS, which GNU nproc prints where it is set (1 under make test)
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
     export SLURM_CONF="$dir/slurm.conf"

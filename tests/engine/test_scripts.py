@@ -139,11 +139,11 @@ def array_of_two(project: Path, env: dict[str, str], script: str, *args: str) ->
 def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninterrupted_runs_numbers(
     tmp_path: Path, slurm_conf: str
 ) -> None:
-    """On a real one-node SLURM (scripts/engines/slurm.sh): scripts/slurm.sbatch as shipped, one task under srun
-    (two DDP tasks passed alone but twice never started in CI, not understood yet), SIGUSR1 from SLURM
-    (``scancel --signal``, as ``--signal=SIGUSR1@90`` sends it) at step 4: kiln saves, requeues the job and exits
-    with the preemption's code, 138; the requeued job resumes in its own folder to the end, with the
-    uninterrupted job's metrics.csv, in one appended output file."""
+    """On a real one-node SLURM (scripts/engines/slurm.sh): scripts/slurm.sbatch as shipped, two DDP tasks under
+    srun, SIGUSR1 from SLURM (``scancel --signal``, as ``--signal=SIGUSR1@90`` sends it) at step 4: kiln saves,
+    requeues the job and both ranks exit with the preemption's code, 138; the requeued job resumes in its own
+    folder to the end, with the uninterrupted job's metrics.csv, in one appended output file. (Under make test
+    the cluster had been given OMP_NUM_THREADS cores, 1, and a two-task job waited for ever: PartitionConfig.)"""
     project = slurm_project(tmp_path)
     env = {**os.environ, "SLURM_CONF": slurm_conf, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
     args = [*LIMIT[:2], "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "6", "--trainer.logger",
@@ -152,7 +152,15 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def submit(*extra: str) -> str:
-        return sbatch(project, env, f"--output={project}/slurm-%j.out", "scripts/slurm.sbatch", *args, *extra)
+        return sbatch(
+            project,
+            env,
+            "--ntasks-per-node=2",
+            f"--output={project}/slurm-%j.out",
+            "scripts/slurm.sbatch",
+            *args,
+            *extra,
+        )
 
     whole, cut = submit(), submit(*probe)
     ended = {job: finished_job(job, env) for job in (whole, cut)}
@@ -160,7 +168,7 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
     assert [ended[job]["JobState"] for job in (whole, cut)] == ["COMPLETED"] * 2, output[-3000:]
     assert ended[cut]["Restarts"] == "1" and ended[whole]["Restarts"] == "0"
     assert "SIGUSR1: stopped after step 4, saved" in output and f"requeued SLURM job {cut}" in output
-    assert "Exited with exit code 138" in output  # srun's line: the preemption's own code
+    assert "tasks 0-1: Exited with exit code 138" in output  # srun's line: both ranks, the preemption's own code
     assert "internal error" not in output and "Traceback" not in output
     assert "run folder" in output.split(f"requeued SLURM job {cut}")[1]  # the requeue appended, then finished
     runs = project / "runs" / "digits"
