@@ -152,15 +152,8 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def submit(*extra: str) -> str:
-        return sbatch(
-            project,
-            env,
-            "--ntasks-per-node=2",
-            f"--output={project}/slurm-%j.out",
-            "scripts/slurm.sbatch",
-            *args,
-            *extra,
-        )
+        two_tasks = ["--ntasks-per-node=2", f"--output={project}/slurm-%j.out"]
+        return sbatch(project, env, *two_tasks, "scripts/slurm.sbatch", *args, *extra)
 
     whole, cut = submit(), submit(*probe)
     ended = {job: finished_job(job, env) for job in (whole, cut)}
