@@ -111,6 +111,16 @@ def finished_job(job: str, env: dict[str, str]) -> dict[str, str]:
     raise AssertionError(f"SLURM job {job} did not end in 300 s")
 
 
+def srun_exit_codes(output: str) -> dict[int, int]:
+    """Each task's exit code from srun's lines (``tasks 0-1: Exited with exit code 138``, or one line per task)."""
+    codes = {}
+    for tasks, code in re.findall(r"tasks? ([\d,-]+): Exited with exit code (\d+)", output):
+        for span in tasks.split(","):
+            first, _, last = span.partition("-")
+            codes.update(dict.fromkeys(range(int(first), int(last or first) + 1), int(code)))
+    return codes
+
+
 def slurm_project(tmp_path: Path) -> Path:
     """A project folder for sbatch (the scripts run `.venv/bin/kiln` and read configs/ from where they start)."""
     project = tmp_path / "project"
@@ -161,7 +171,7 @@ def test_slurm_sbatch_saves_requeues_and_resumes_on_slurms_sigusr1_to_the_uninte
     assert [ended[job]["JobState"] for job in (whole, cut)] == ["COMPLETED"] * 2, output[-3000:]
     assert ended[cut]["Restarts"] == "1" and ended[whole]["Restarts"] == "0"
     assert "SIGUSR1: stopped after step 4, saved" in output and f"requeued SLURM job {cut}" in output
-    assert "tasks 0-1: Exited with exit code 138" in output  # srun's line: both ranks, the preemption's own code
+    assert srun_exit_codes(output) == {0: 138, 1: 138}, output[-3000:]  # both ranks, the preemption's own code
     assert "internal error" not in output and "Traceback" not in output
     assert "run folder" in output.split(f"requeued SLURM job {cut}")[1]  # the requeue appended, then finished
     runs = project / "runs" / "digits"
