@@ -47,12 +47,16 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return snapshot(tmp_path_factory.mktemp("template"))
 
 
-@pytest.fixture(scope="module")
-def project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def generate(template: Path, out: Path) -> Path:
+    """A project generated from ``template`` into ``out`` with the test answers; its folder."""
     from cookiecutter.main import cookiecutter
 
-    out = tmp_path_factory.mktemp("generated")
     return Path(cookiecutter(str(template), no_input=True, extra_context=ANSWERS, output_dir=str(out)))
+
+
+@pytest.fixture(scope="module")
+def project(template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return generate(template, tmp_path_factory.mktemp("generated"))
 
 
 def test_every_top_level_entry_is_linked_or_template_only(template: Path) -> None:
@@ -90,20 +94,11 @@ def test_generation_renames_the_research_package_and_leaves_the_engine_whole(tem
     assert "kiln fit" in (project / "Makefile").read_text()
 
 
-def run_generated(project: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "WANDB_MODE": "disabled"}
-    return subprocess.run(
-        [sys.executable, *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
 @pytest.mark.slow
 def test_a_generated_projects_make_install_and_make_test_pass(template: Path, tmp_path: Path) -> None:
     """The project's own `make install` (its own .venv, from uv's cache: no network) and `make test`, as its user
     runs them; the test once stood this environment in for `make install`."""
-    from cookiecutter.main import cookiecutter
-
-    project = Path(cookiecutter(str(template), no_input=True, extra_context=ANSWERS, output_dir=str(tmp_path)))
+    project = generate(template, tmp_path)  # its own: the module's project stays without a .venv
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH",
                                                             "PYTEST_CURRENT_TEST")}  # fmt: skip
     done = subprocess.run(["make", "install"], cwd=project, env={**env, "UV_OFFLINE": "1"}, capture_output=True,

@@ -46,19 +46,20 @@ class RunMetrics(Callback):
     def _check_repeats(self, trainer: Trainer, split: str, loaders: Any) -> None:
         """Under DDP, Lightning pads an evaluation set that brought no distributed sampler to a multiple of the
         ranks, repeating samples in the metrics: said once per split, and kept in ``metrics.json``."""
+        if split in self._repeats:
+            return
         for loader in loaders if isinstance(loaders, list | tuple) else [loaders]:
-            found = repeated_samples(loader)
-            if found is None or split in self._repeats:
+            if (found := repeated_samples(loader)) is None:
                 continue
             samples, counted = found
             self._repeats[split] = {"samples": samples, "counted": counted}
-            method = "val_dataloader" if split == "val" else "test_dataloader"
             say(f"{split} under DDP: Lightning repeats {counted - samples} of the {samples} {split} samples so that "
                 f"{trainer.world_size} ranks get equal shares, and {split}/ metrics count {counted}; for each sample "
-                f"once, give {method}'s DataLoader sampler=kiln.data.EvaluationShard(dataset, trainer.world_size, "
-                "trainer.global_rank)")  # fmt: skip
+                f"once, give {split}_dataloader's DataLoader sampler=kiln.data.EvaluationShard(dataset, "
+                "trainer.world_size, trainer.global_rank)")  # fmt: skip
             if trainer.is_global_zero:
                 update_metrics(trainer.default_root_dir, repeated_samples=self._repeats)
+            return
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:

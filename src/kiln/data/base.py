@@ -378,9 +378,9 @@ class TensorDataModule(LightningDataModule):
                 sampler.skip, self.resume_position = samples, None
         if self.on_device:
             return self._device_loader(dataset, sampler)
-        shard = None
         if isinstance(dataset, InMemoryDataset) and self.num_workers == 0:
             quiet_worker_hint()
+        shard = None
         if not train and trainer is not None and trainer.world_size > 1:  # every sample once, never a padded repeat
             shard = EvaluationShard(dataset, trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
         return DataLoader(

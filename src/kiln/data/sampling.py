@@ -53,9 +53,10 @@ class EvaluationShard(DistributedSampler):
 
 def repeated_samples(loader: object) -> tuple[int, int] | None:
     """``(samples, counted)`` when ``loader`` draws through a ``DistributedSampler`` that pads its set with repeats
-    (Lightning's own, under DDP, for a loader that brought no distributed sampler); else None."""
+    (Lightning's own, under DDP, for a loader that brought no distributed sampler); else None (an ``EvaluationShard``
+    counts each sample once)."""
     sampler = getattr(loader, "sampler", None)
-    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, EvaluationShard) or sampler.drop_last:
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
         return None
     samples = len(sampler.dataset)  # type: ignore[arg-type]
     return (samples, sampler.total_size) if sampler.total_size > samples else None
