@@ -14,11 +14,11 @@ _received: list[str] = []
 
 def install() -> None:
     """Note the stop signals for the whole command, between Trainer stages too (the default handlers kill)."""
+    _received.clear()  # before the handlers: a signal that comes as they are set (or was pending) is kept
     if threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:  # Lightning adds its SIGTERM handler to this one while a stage runs
             signal.signal(signum, note)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # a launcher's blocked signals are inherited
-    _received.clear()
 
 
 def reclaim() -> None:
