@@ -134,6 +134,22 @@ class SignalAsItExits(Callback):
         time.sleep(60)  # the forwarded SIGTERM ends it
 
 
+class SigtermAsPythonFinalizes(Callback):
+    """A SIGTERM to this process as its interpreter ends, as SLURM sends one to every task of a job rank 0 has just
+    requeued: at exit, Python's own rule first (a Python handler goes back to the default, an ignored signal stays
+    ignored: CPython's signal finalization, which runs after atexit and would leave no Python to send it)."""
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        atexit.register(self._sigterm_as_python_ends)
+
+    @staticmethod
+    def _sigterm_as_python_ends() -> None:
+        if callable(signal.getsignal(signal.SIGTERM)):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)  # time for the default handler, if in place, to end the process
+
+
 class SignalInEvaluation(Callback):
     """Sends a real signal to this process after batch ``batch`` of an evaluation ``stage`` (``validate``,
     ``test``, ``predict``; in ``fit``, of epoch ``epoch``), once (a marker file remembers)."""

@@ -505,6 +505,20 @@ def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_stopped_rank_that_slurm_sigterms_as_it_exits_still_exits_with_the_stops_code(tmp_path: Path) -> None:
+    """Rank 0 requeues the job as it stops, and SLURM then SIGTERMs every task: seen in the real-SLURM test, a rank
+    past Python's finalization (the default handler back) died "Terminated", not with 138."""
+    command = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit",
+               "false", "--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=3",
+               "--trainer.callbacks.name=SIGUSR1", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
+               "--trainer.callbacks+=probes.SigtermAsPythonFinalizes"]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 138, done.stderr[-2000:]  # was -15
+    assert "SIGUSR1: stopped after step 3" in done.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [16, 10], ids=["mid_epoch", "epoch_end"])
 def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_runs(tmp_path: Path, step: int) -> None:
     """Saved at the next batch's start, the checkpoint made Lightning count the last step again: every later row

@@ -154,8 +154,16 @@ def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True)
     sys.exit(code)
 
 
+def _exiting(process: bool) -> None:
+    """A ``kiln`` process a stop ended: later stop signals cannot change its exit code (``main`` called with
+    arguments, in a Python session that goes on, keeps its handlers)."""
+    if process:
+        stop_signals.leaving()
+
+
 def main(args: list[str] | None = None) -> None:
     """The ``kiln`` command."""
+    process = args is None  # the `kiln` command itself, not a call from Python
     argv = sys.argv[1:] if args is None else [str(a) for a in args]
     if verbose := [a for a in argv[: argv.index("--") if "--" in argv else None] if a in ("-v", "--verbose")]:
         argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
@@ -174,16 +182,20 @@ def main(args: list[str] | None = None) -> None:
     except KilnError as err:
         _leave(f"error: {err}", err.exit_code)
     except Stopped as stop:
+        _exiting(process)
         _leave(str(stop), stop_signals.exit_code(stop.signal_name), remove_run=False)
     except Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
+        _exiting(process)
         sys.exit(stop.code)
     except Preempted as stop:
+        _exiting(process)  # rank 0 has requeued the job: SLURM's SIGTERM to the tasks may come any moment
         _record("interrupted", f"SIGUSR1: {stop}")
         sys.exit(stop_signals.exit_code("SIGUSR1"))  # PreemptionCheckpoint said where it saved
     except KeyboardInterrupt:
         _leave("stopped (Ctrl-C)", 130, remove_run=False)
     except SystemExit as stop:
         if type(stop).__name__ == "SIGTERMException":  # Lightning's: PreemptionCheckpoint said where it saved
+            _exiting(process)
             _record("interrupted", "SIGTERM")
             sys.exit(stop_signals.exit_code("SIGTERM"))
         raise

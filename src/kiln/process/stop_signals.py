@@ -50,6 +50,15 @@ def received() -> str | None:
     return _received[-1] if _received else None
 
 
+def leaving() -> None:
+    """A command a stop ended is exiting with the stop's code: later stop signals are ignored from here, as Python
+    resets its handlers to the default (kill) while it finalizes, and SLURM ends a requeued job's tasks with a
+    SIGTERM that would otherwise turn a rank's 138 into "Terminated"."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)  # kept to the end: Python leaves an ignored signal ignored
+
+
 def worker_init_fn() -> Callable[[int], None]:
     """The DataLoader ``worker_init_fn`` (``ignore_in_worker``), with, once per process, the exit hook
     that ends such workers still alive at exit: they ignore the SIGTERM that multiprocessing's own exit
