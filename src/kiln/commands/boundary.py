@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import gc
 import importlib
 import logging
 import os
@@ -37,6 +38,7 @@ COMMANDS = {
     "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
 FULL = (errno.ENOSPC, errno.EDQUOT)
+WITHOUT_TORCH = ("infer", "diff")  # commands that run where torch is not installed, or need not load it
 
 
 own_runs = False  # the command (sweep, multirun) runs `kiln fit` itself and records each run's end
@@ -66,9 +68,9 @@ def usage() -> str:
     return f"usage: kiln [-v] <subcommand> [options]   (kiln <subcommand> --help for its options)\n\n{rows}"
 
 
-def _command(argv: list[str], given: bool) -> Callable[[], object]:
+def _command(argv: list[str], given: bool, process: bool) -> Callable[[], object]:
     """What runs ``argv``'s subcommand (``given``: passed in, not this process's command line, which
-    LightningCLI reads itself)."""
+    LightningCLI reads itself; ``process``: this is the ``kiln`` process, not a call from a Python session)."""
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)  # `kiln` alone did nothing
@@ -78,6 +80,8 @@ def _command(argv: list[str], given: bool) -> Callable[[], object]:
         close = difflib.get_close_matches(argv[0], [*LIGHTNING, *COMMANDS], n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise UsageError(f"kiln {argv[0]}: no such subcommand{hint} (`kiln --help` lists them)")
+    if process and argv[0] not in WITHOUT_TORCH:
+        _import_torch_frozen()
     if argv[:1] and argv[0] in COMMANDS:
         module, name = COMMANDS[argv[0]]
         run = getattr(importlib.import_module(module), name)
@@ -85,6 +89,19 @@ def _command(argv: list[str], given: bool) -> Callable[[], object]:
     from kiln.cli import build_cli
 
     return lambda: build_cli(argv if given else None)
+
+
+def _import_torch_frozen() -> None:
+    """torch's import without the cyclic garbage collector, its objects then kept out of the collector's sight
+    (``gc.freeze``): they live as long as the process, and Python would walk them at every full collection and again
+    as it exits (about 0.8 s of each command's start and end, benchmarks/README.md). torch alone: frozen, Triton's
+    bindings (which torch._dynamo loads) would report themselves leaked at exit."""
+    gc.disable()
+    try:
+        import torch  # noqa: F401
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def os_error(err: OSError) -> str | None:
@@ -175,7 +192,7 @@ def main(args: list[str] | None = None) -> None:
     global own_runs
     own_runs = bool(argv[:1] and argv[0] in COMMANDS)
     try:
-        _command(argv, given=args is not None)()
+        _command(argv, given=args is not None, process=process)()
         _record("finished")
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
