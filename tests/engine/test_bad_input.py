@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from dataset_files import truncate, write_image_folder
 from helpers import CONFIGS, LIMIT
@@ -122,7 +122,7 @@ def test_the_real_process_says_the_same_one_line(project: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "disabled"}
     for name, args, code in [c for c in CASES if c[0] in ("fit: -c file of Latin-1 bytes", "infer: truncated model",
                                                            "export: missing checkpoint")]:  # fmt: skip
-        done = subprocess.run([sys.executable, "-m", "kiln", *args], cwd=project, capture_output=True, text=True,
+        done = forkserver.run([sys.executable, "-m", "kiln", *args], cwd=project, capture_output=True, text=True,
                               env=env, timeout=300)  # fmt: skip
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == code and len(lines) <= 3 and "Traceback" not in done.stderr, (name, done.stderr)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from helpers import LIMIT, PROBES
 
@@ -15,7 +16,7 @@ KILN = [sys.executable, "-m", "kiln"]
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    return subprocess.run([*KILN, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return forkserver.run([*KILN, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
 @pytest.mark.slow

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from kiln.commands.boundary import main
@@ -90,7 +90,7 @@ def test_a_mistake_in_a_secret_never_echoes_it(capsys: pytest.CaptureFixture, mo
 def test_the_real_command_prints_one_line_and_help_still_prints_usage(tmp_path: Path) -> None:
     Path("monitr.yaml").write_text(FILES["monitr.yaml"])
     env = {**os.environ, "WANDB_MODE": "offline"}
-    wrong = subprocess.run([sys.executable, "-m", "kiln", "fit", "-c", "monitr.yaml"], capture_output=True, text=True,
+    wrong = forkserver.run([sys.executable, "-m", "kiln", "fit", "-c", "monitr.yaml"], capture_output=True, text=True,
                            env=env, timeout=120)  # fmt: skip
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert wrong.stderr.splitlines() == [
@@ -98,6 +98,6 @@ def test_the_real_command_prints_one_line_and_help_still_prints_usage(tmp_path: 
         "did you mean monitor?"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["monitr.yaml"]  # nothing written
-    helped = subprocess.run([sys.executable, "-m", "kiln", "fit", "--help"], capture_output=True, text=True, env=env,
+    helped = forkserver.run([sys.executable, "-m", "kiln", "fit", "--help"], capture_output=True, text=True, env=env,
                             timeout=120)  # fmt: skip
     assert helped.returncode == 0 and helped.stdout.startswith("usage: ") and "--trainer.max_epochs" in helped.stdout

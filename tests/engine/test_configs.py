@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import forkserver
 import pytest
 import torch
 import yaml
@@ -153,7 +153,7 @@ def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_pat
                "--trainer.callbacks+=probes.GroupAtExit", f"--trainer.callbacks.marker={tmp_path / strategy}-group",
                ]  # fmt: skip
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        done = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         (run_dir,) = (tmp_path / strategy / "digits").iterdir()  # one run folder, not one per rank
         rank_1 = "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from dataset_files import write_image_folder
@@ -115,7 +116,7 @@ def test_exporting_a_recurrent_net_prints_a_few_lines_not_torchs_warnings(tmp_pa
     last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
     command = [sys.executable, "-m", "kiln", "export", "--ckpt_path", str(last), "--output", str(tmp_path / "out")]
     env = {**os.environ, "PYTHONPATH": PROBES}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    done = forkserver.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stderr.splitlines()  # was 44: torch's exporter warnings, each with its source line
     assert len(lines) <= 6 and "FutureWarning" not in done.stderr and lines[-1].startswith("exported to")
@@ -137,7 +138,7 @@ def test_infer_refuses_a_model_of_token_ids_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "preprocess.json").write_text(json.dumps(spec))
     (tmp_path / "ids.npy").write_bytes(b"")
     command = [sys.executable, "-m", "kiln", "infer", "--model", str(tmp_path / "model.onnx"), str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    done = forkserver.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "takes int64 ids of shape [32], made by the data (a tokenizer), not files" in done.stderr
     assert not (tmp_path / "predictions.csv").exists()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import torch
@@ -70,7 +70,7 @@ def test_a_truncated_file_and_an_empty_class_are_named_one_line_each_and_nothing
     (pngs / "empty").mkdir()
     cwd = pngs.parent / "cli"
     cwd.mkdir()
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "kiln", "fit", *LIMIT, *folder_args(pngs)], capture_output=True, text=True, cwd=cwd
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr

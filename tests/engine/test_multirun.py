@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import torch
@@ -110,7 +111,7 @@ def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> No
 def test_subprocess_runs_take_a_ddp_preset_and_aggregate_like_the_others(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "3", "--subprocess", "--",
                *LIMIT, *QUIET, "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    done = forkserver.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
                           env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (log,) = (tmp_path / "runs" / "multirun").rglob("console.log")  # Lightning's lines, both ranks'
@@ -162,7 +163,7 @@ def test_a_stop_as_a_subprocess_run_ends_fitting_stops_the_command_and_the_rerun
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
     command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "0-1", "--subprocess", "--", *LIMIT, *QUIET, *probe]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    run = lambda: subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,  # noqa: E731
+    run = lambda: forkserver.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,  # noqa: E731
                                  start_new_session=True)  # fmt: skip
     done = run()
     assert done.returncode == 143, done.stderr[-3000:]

@@ -7,11 +7,11 @@ import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import forkserver
 import pytest
 import timm
 import torch
@@ -196,7 +196,7 @@ def test_hub_weights_come_from_the_local_cache_and_a_checkpoint_no_longer_needs_
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     root = ["--run.root", str(tmp_path / "runs")]
     fit = [sys.executable, "-m", "kiln", "fit", *LIMIT, *QUIET, *root, *timm_net("hub"), "--trainer.max_epochs=1"]
-    done = subprocess.run([*fit, "--run.test_after_fit=false"], capture_output=True, text=True, timeout=300, env=env)
+    done = forkserver.run([*fit, "--run.test_after_fit=false"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"pretrained weights from the Hugging Face cache (timm/{NAME}.r160_in1k)" in done.stderr
     (best,) = (tmp_path / "runs" / "digits").glob("*/checkpoints/best-*.ckpt")
@@ -206,7 +206,7 @@ def test_hub_weights_come_from_the_local_cache_and_a_checkpoint_no_longer_needs_
     out = capsys.readouterr().err
     assert "pretrained weights from" not in out and "onnx batch 1: max |difference|" in out
     assert json.loads(Path("served/preprocess.json").read_text())["mean"] == [0.449]  # as the run normalised
-    again = subprocess.run(fit, capture_output=True, text=True, timeout=300, env=env)  # no cache, no network
+    again = forkserver.run(fit, capture_output=True, text=True, timeout=300, env=env)  # no cache, no network
     errors = [line for line in again.stderr.splitlines() if line.startswith("error:")]
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert len(errors) == 1 and f"weights: hub: timm's {NAME} (timm/{NAME}.r160_in1k) is not in the local" in errors[0]
@@ -224,7 +224,7 @@ def test_under_ddp_the_unfrozen_backbone_trains_as_one_model_on_both_ranks(tmp_p
                "--trainer.logger=false", "--run.test_after_fit=false", "--run.root", str(tmp_path / "runs"),
                "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}"]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=400)
+    done = forkserver.run(command, capture_output=True, text=True, env=env, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True, map_location="cpu")["state"] for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # one model, not two

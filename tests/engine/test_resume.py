@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from dataset_files import write_image_folder
@@ -123,7 +124,7 @@ SLURM_JOB = {"WANDB_MODE": "offline", "SLURM_JOB_ID": "777"}
 def uninterrupted_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run folder of the job never stopped, without workers: every signal test compares with it."""
     root = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run([*signal_command(0), "--run.root", str(root)], capture_output=True, text=True,
+    done = forkserver.run([*signal_command(0), "--run.root", str(root)], capture_output=True, text=True,
                           env={**os.environ, **SLURM_JOB}, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return root / "digits" / "job-777"
@@ -148,7 +149,7 @@ def test_signal_saves_and_the_same_command_resumes_exactly(
 
     def launch(root: Path, *extra: str) -> subprocess.CompletedProcess:
         cmd = [*base, "--run.root", str(root), *extra]  # its own process group, as a batch job has
-        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
+        return forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
 
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=8",
              f"--trainer.callbacks.marker={tmp_path / 'sent'}", f"--trainer.callbacks.name={name}",
@@ -198,7 +199,7 @@ VALIDATED = [
 def validated_whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run folder of the run never stopped, which both validation-signal tests compare with."""
     root = tmp_path_factory.mktemp("whole")
-    done = subprocess.run([*VALIDATED, "--run.root", str(root)], capture_output=True, text=True, timeout=300)
+    done = forkserver.run([*VALIDATED, "--run.root", str(root)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     (whole,) = root.glob("digits/*")
     return whole
@@ -216,7 +217,7 @@ def test_sigterm_during_validation_is_validated_again_on_resume(
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def launch(root: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*args, "--run.root", root, *extra], capture_output=True, text=True, env=env, timeout=300)
+        return forkserver.run([*args, "--run.root", root, *extra], capture_output=True, text=True, env=env, timeout=300)
 
     first = launch("cut", *probe)  # SIGTERM in an epoch's validation, after its first batch
     assert first.returncode == 143, first.stderr[-2000:]
@@ -266,7 +267,7 @@ def test_a_signal_stops_validate_test_and_predict_in_one_line(
              "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
              f"--trainer.callbacks.name={name}"]  # fmt: skip
     cmd = [sys.executable, "-m", "kiln", stage, *LIMIT, "--trainer.logger", "false", "--ckpt_path", str(trained)]
-    done = subprocess.run([*cmd, *probe], capture_output=True, text=True, env=_with_scontrol(tmp_path), timeout=300)
+    done = forkserver.run([*cmd, *probe], capture_output=True, text=True, env=_with_scontrol(tmp_path), timeout=300)
     assert done.returncode == code, done.stderr[-2000:]  # before: killed by the default handler, no word said
     assert said in done.stderr and "Traceback" not in done.stderr
     requeued = (tmp_path / "scontrol.log").read_text() if (tmp_path / "scontrol.log").exists() else ""
@@ -280,12 +281,12 @@ def test_a_signal_during_the_test_after_fit_keeps_the_training_and_the_rerun_onl
     cmd = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.logger", "false", "--run.root", str(tmp_path),
            "--ckpt_path", "last", *probe]  # fmt: skip
     env = _with_scontrol(tmp_path)
-    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    first = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert first.returncode == 143, first.stderr[-2000:]
     assert "the test after fit was stopped; training is complete" in first.stderr
     (run_dir,) = (tmp_path / "digits").iterdir()
     assert "test" not in json.loads((run_dir / "metrics.json").read_text())  # fit's section only
-    second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    second = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "Epoch 0" not in second.stdout + second.stderr  # tested without training again
     assert json.loads((run_dir / "metrics.json").read_text())["global_step"] == 10
@@ -379,7 +380,7 @@ def test_a_stop_signal_that_comes_as_the_handlers_are_set_is_kept() -> None:
         "stop_signals.install()\n"
         "print(stop_signals.received())"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = forkserver.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "SIGTERM", done.stderr  # was None
 
 
@@ -435,7 +436,7 @@ def test_a_process_group_sigterm_early_or_in_validation_ends_in_one_line_without
     if step == 5:  # sent at the epoch's last step: it arrives while validation runs
         probe += ["--trainer.limit_val_batches", "20"]
     command = [*signal_command(2), "--run.root", str(tmp_path / "runs"), *probe]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
+    done = forkserver.run(command, capture_output=True, text=True, env=env, timeout=300, start_new_session=True)
     assert done.returncode == 143, done.stderr[-2000:]
     assert "killed by signal" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
@@ -493,13 +494,13 @@ def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_pat
     def block() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
 
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
+    done = forkserver.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
     assert done.returncode == 138, done.stderr[-2000:]
     assert "SIGUSR1: stopped after step 3" in done.stderr
     # a native library that took SIGUSR1 over while the Trainer was built (OpenMPI, started by mpi4py when Lightning
     # looks for an MPI environment: seen on a GPU machine, where every SIGUSR1 went unheard and the run trained on)
     (tmp_path / "sent").unlink()
-    taken = subprocess.run([*command, "--trainer.callbacks+=probes.NativeSignalTakeover"], env=env,
+    taken = forkserver.run([*command, "--trainer.callbacks+=probes.NativeSignalTakeover"], env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert taken.returncode == 138, taken.stderr[-2000:]
 
@@ -532,7 +533,7 @@ def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_
              "--trainer.callbacks.name=SIGUSR1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def run(root: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
+        return forkserver.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
 
     assert run("whole").returncode == 0
@@ -559,7 +560,7 @@ def test_a_process_group_sigterm_under_ddp_saves_on_every_rank_and_the_resume_is
              f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def run(root: str, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
+        return forkserver.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
                               text=True, timeout=120, start_new_session=True)  # fmt: skip
 
     assert run("whole").returncode == 0

@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import fake_wandb
+import forkserver
 import pytest
 import torch
 import yaml
@@ -144,7 +144,7 @@ def test_a_run_w_and_b_cannot_create_trains_offline_with_one_line(tmp_path: Path
     env |= {"WANDB_API_KEY": KEY, "WANDB_INIT_TIMEOUT": "5"}  # kiln's own default is 30 s (W&B's 90)
     with local_server("500") as (url, _):  # the key's probe passes, then HTTP 500 to everything else
         command = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.max_epochs", "1"]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        done = forkserver.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
                               env={**env, "WANDB_BASE_URL": url})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]  # was: 90 s blocked, a traceback, exit 1, nothing trained
     (notice,) = [line for line in done.stderr.splitlines() if line.startswith("W&B: the run could not")]

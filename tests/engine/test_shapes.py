@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import torch
@@ -74,7 +74,7 @@ def test_a_value_that_contradicts_the_data_names_both_in_one_line(tmp_path: Path
 @pytest.mark.slow
 def test_the_real_command_refuses_a_contradicting_value_with_exit_2_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "cli").mkdir()
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "kiln", "fit", *LIMIT, "--model.init_args.num_classes", "5"],
         capture_output=True,
         text=True,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from helpers import CONFIGS, LIMIT, PROBES
@@ -56,11 +56,11 @@ def test_converted_chunks_declare_the_data_and_train(chunks: Path) -> None:
 def test_the_documented_convert_command_writes_chunks_of_a_folder_config(tmp_path: Path) -> None:
     out = tmp_path / "out"
     command = [*CONVERT, *WAVEFORMS, "--data.init_args.num_samples", "100", "--output", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = forkserver.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == f"wrote {out} (train, val, test; kiln.json)"
     assert all((out / split / "index.json").is_file() for split in ("train", "val", "test"))
-    missing = subprocess.run([*CONVERT, "--output", "x"], capture_output=True, text=True)
+    missing = forkserver.run([*CONVERT, "--output", "x"], capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 
@@ -93,7 +93,7 @@ def test_ddp_ranks_read_disjoint_shards(chunks: Path, tmp_path: Path) -> None:
            "--data.init_args.batch_size", "16", "--run.root", str(tmp_path / "runs"),
            "--trainer.callbacks+=probes.RecordInputs", f"--trainer.callbacks.folder={tmp_path}"]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    done = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"inputs-rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0] and ranks[1] and not set(ranks[0]) & set(ranks[1])  # each sample on one rank only

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forkserver
 import optuna
 import pytest
 import torch
@@ -124,7 +125,7 @@ def test_subprocess_trials_train_on_two_ddp_ranks_report_from_rank_0_and_prune_o
     spec["args"] += ["-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--trainer.max_epochs=2"]
     path.write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"},
+    done = forkserver.run(command, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"},
                           cwd=tmp_path, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "sweeps").rglob("console.log"))  # both ranks'
@@ -148,11 +149,11 @@ def test_sigterm_to_the_driver_alone_reaches_a_subprocess_trial_which_the_rerun_
     path.write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--subprocess"]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    first = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 143, first.stderr[-2000:]  # the trial saved and exited 143, then the driver
     assert "trial-0001: interrupted; the same command resumes it" in first.stderr
     assert states(study(tmp_path)) == ["COMPLETE", "RUNNING"]
-    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    second = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "trial-0001: resuming (its driver is gone)" in second.stderr and "resuming from" in second.stderr
     assert states(study(tmp_path)) == ["COMPLETE"] * 2
@@ -179,13 +180,13 @@ def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_
                   f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
     command = probed_sweep(tmp_path, probe_args, n_trials=2)
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    first = subprocess.run(  # its own process group: the one the probe signals, as SLURM's
+    first = forkserver.run(  # its own process group: the one the probe signals, as SLURM's
         command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, start_new_session=True
     )
     assert first.returncode == 143, first.stderr[-2000:]  # was 0: the driver went on to trial 1
     assert "SIGTERM: kiln sweep stopped between trials" in first.stderr
     assert states(study(tmp_path)) == ["COMPLETE"]  # the trial that trained to its end counts, and is not failed
-    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    second = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert states(study(tmp_path)) == ["COMPLETE"] * 2
 
@@ -198,7 +199,7 @@ def test_a_subprocess_trial_killed_fails_with_the_signal_as_its_reason_not_its_l
              "--trainer.callbacks.name=SIGKILL", f"--trainer.callbacks.marker={tmp_path / 'm'}"]  # fmt: skip
     command = probed_sweep(tmp_path, probe, n_trials=1)
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    done = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]  # every trial failed
     trial = study(tmp_path).get_trials()[0]
     assert trial.state.name == "FAIL" and trial.user_attrs["error"] == "`kiln fit` was killed by SIGKILL"
@@ -222,11 +223,11 @@ def test_sigterm_in_trial_2_then_the_same_command_resumes_it_and_ends_with_4_tri
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(spec))
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(tmp_path / "tiny.yaml"), "--root", "runs/sweeps"]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    first = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    first = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert first.returncode == 143, first.stderr[-2000:]
     assert "trial-0002: interrupted; the same command resumes it" in first.stderr
     assert states(study(tmp_path)) == ["COMPLETE", "COMPLETE", "RUNNING"]
-    second = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    second = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "trial-0002: resuming (its driver is gone)" in second.stderr and "resuming from" in second.stderr
     assert states(study(tmp_path)) == ["COMPLETE"] * 4  # not 5 or 6
@@ -471,13 +472,13 @@ def test_a_study_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, capsys: py
     """It said 'not a readable study database … restore it' of a database that was fine, on a disk that was full."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+    if forkserver.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
     try:
         with pytest.raises(SystemExit) as stop:
             main(["sweep", "-c", str(sweep_file(tmp_path)), "--storage", f"sqlite:///{disk / 'study.db'}"])
     finally:
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
+        forkserver.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left on its disk" in line and "restore" not in line
@@ -491,7 +492,7 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
     """Optuna's StorageInternalError (database or disk is full) was an internal error."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True).returncode:
+    if forkserver.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
     spec = sweep_file(tmp_path, n_trials=1, args=["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), *QUIET])
     command = ["sweep", "-c", str(spec), "--storage", f"sqlite:///{disk / 'study.db'}"]
@@ -504,7 +505,7 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
         with pytest.raises(SystemExit) as stop:
             main([*command, "--n_trials", "3"])
     finally:
-        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
+        forkserver.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code != 0
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left" in line and "internal error" not in line

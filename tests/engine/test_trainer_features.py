@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from unittest.mock import Mock
 
+import forkserver
 import pytest
 import torch
 from helpers import CONFIGS, PROBES, callback
@@ -88,7 +88,7 @@ def test_an_in_process_ddp_run_leaves_no_process_group_nor_port_behind(tmp_path:
     # a DDP run started from this process afterwards (as on a GPU: an in-process 1-GPU run, then a subprocess)
     cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--trainer.logger",
            "false", "--trainer.fast_dev_run", "true", "--run.root", str(tmp_path / "runs")]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = forkserver.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]  # was EADDRINUSE on the port the first run left exported
 
 
@@ -101,7 +101,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
                 "--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--run.test_ckpt", "last",
                 "--trainer.callbacks+=probes.SaveRankWeights", f"--trainer.callbacks.dirpath={dump}",
                 "--run.root", str(tmp_path / "runs")]  # fmt: skip
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "kiln", "fit", *common, *ddp_args], capture_output=True, text=True, env=env, timeout=400
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -138,7 +138,7 @@ def test_under_ddp_a_plain_datamodules_repeated_evaluation_samples_are_said_and_
                "--model.init_args.net.init_args.in_channels", "1", "--trainer.max_epochs", "1",
                "--trainer.limit_train_batches", "4", "--trainer.logger", "false",
                "--run.root", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PROBES},
+    done = forkserver.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PROBES},
                           timeout=400)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     printed = (done.stdout + done.stderr).splitlines()
@@ -290,5 +290,5 @@ def test_gpu_compile_channels_last_bf16() -> None:
 def test_gpu_ddp_preset_on_one_gpu(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp.yaml"), "--trainer.devices", "1",
            "-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), "--run.root", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
+    done = forkserver.run(cmd, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,10 +4,10 @@ fit after it that is bitwise the fit without it."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 import yaml
@@ -40,7 +40,7 @@ def test_the_range_test_suggests_a_rate_and_a_fit_after_it_is_the_fit_without_it
 
     after = build_cli(["fit", *LIMIT, "-c", str(folder / "tuned.yaml"), "--trainer.logger", "false"])
     alone = tmp_path / "alone"  # a process that never ran the test
-    done = subprocess.run([sys.executable, "-m", "kiln", "fit", *LIMIT, f"--{LR}", str(rate), "--trainer.logger",
+    done = forkserver.run([sys.executable, "-m", "kiln", "fit", *LIMIT, f"--{LR}", str(rate), "--trainer.logger",
                            "false", "--run.root", str(alone)], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     (other,) = alone.glob("digits/*/checkpoints/last.ckpt")

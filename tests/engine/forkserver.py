@@ -1,0 +1,161 @@
+"""``python -m kiln`` for tests, forked from a Python that has already imported torch and Lightning.
+
+Each command runs kiln's real entry point in a process of its own (its argv, environment, folder, process group,
+output and exit status), without paying again the ~3 s of imports that every launch of the suite would
+(benchmarks/README.md). Tests about a process's own start or end (imports, signal masks, Python's finalization,
+the README's and the scripts' commands) launch real processes; so does a command whose environment differs from
+the server's in a variable the preloaded modules may read as they import.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision")
+# variables a command may set unlike the server's: read when kiln runs, not when the preloaded modules import
+FORKABLE = {"env", "cwd", "timeout", "start_new_session"}
+RUNTIME = ("WANDB_", "PATH", "KILN_", "SLURM_", "MASTER_", "HF_", "PL_", "PYTEST_", "NETRC", "PYTHONPATH", "RANK",
+           "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC")  # fmt: skip
+
+
+def _serve(path: str) -> None:
+    """The server: import, then fork one child per request until the test worker that started it goes away."""
+    for name in PRELOADED:
+        importlib.import_module(name)
+    assert threading.active_count() == 1, "a thread in the server would not survive its forks"
+    own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]  # each command's PYTHONPATH goes first
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    print("ready", flush=True)
+    running: dict[int, socket.socket] = {}
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [], 0.02)
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            return  # the worker is gone
+        if listener in ready:
+            connection, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in running.values():
+                    other.close()
+                _child(json.loads(message), fds, connection, base_path)
+            for fd in fds:
+                os.close(fd)
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            running[pid] = connection
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            connection = running.pop(pid)
+            connection.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            connection.close()
+
+
+def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, base_path: list[str]) -> None:
+    """In the forked child: become the command's own process, run ``python -m kiln``, end as a process does."""
+    connection.close()
+    if request["new_session"]:
+        os.setsid()
+    else:
+        os.setpgid(0, 0)
+    for target, fd in ((1, fds[0]), (2, fds[1]), (0, os.open(os.devnull, os.O_RDONLY))):
+        os.dup2(fd, target)
+        os.close(fd)
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [request["cwd"], *extra, *base_path]
+    sys.argv = ["-m", *request["args"]]
+    code: Any = 0
+    try:
+        runpy.run_module("kiln", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()  # what Python runs as it ends; its finalization is left out, as in a forked worker's end
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix="kiln-forkserver-")
+        self.path = str(Path(self.folder) / "socket")
+        self.env = dict(os.environ)
+        self.process = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=self.env)  # fmt: skip
+        assert self.process.stdout is not None and self.process.stdout.readline().strip() == b"ready"
+
+    def serves(self, env: dict[str, str]) -> bool:
+        differing = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
+        return self.process.poll() is None and all(k.startswith(RUNTIME) for k in differing)
+
+
+_server: _Server | None = None
+
+
+def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(command, capture_output=True, text=True, ...)``: forked when ``command`` is
+    ``[sys.executable, "-m", "kiln", ...]`` and asks for no more than ``env``, ``cwd``, ``timeout`` and
+    ``start_new_session``; a real process otherwise."""
+    global _server
+    env = dict(os.environ if options.get("env") is None else options["env"])
+    captured, text = options.pop("capture_output", False), options.pop("text", False)
+    forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and text and set(options) <= FORKABLE
+    if forkable and _server is None:
+        _server = _Server()
+    if not (forkable and _server is not None and _server.serves(env)):
+        return subprocess.run(command, capture_output=captured, text=text, **options)
+    cwd, timeout = str(options.get("cwd") or os.getcwd()), options.get("timeout")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(_server.path)
+        request = {"args": command[3:], "env": env, "cwd": cwd, "new_session": options.get("start_new_session", False)}
+        socket.send_fds(connection, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
+        replies = connection.makefile("rb")
+        pid = json.loads(replies.readline())["pid"]
+        connection.settimeout(timeout)
+        try:
+            code = json.loads(replies.readline())["code"]
+        except TimeoutError:
+            os.killpg(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(command, timeout or 0) from None
+        finally:
+            connection.close()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    return subprocess.CompletedProcess(command, code, stdout, stderr)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
