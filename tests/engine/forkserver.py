@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision")
+FORKABLE = {"env", "cwd", "timeout", "start_new_session"}  # subprocess.run's options a forked command takes
 # variables a command may set unlike the server's: read when kiln runs, not when the preloaded modules import
-FORKABLE = {"env", "cwd", "timeout", "start_new_session"}
 RUNTIME = ("WANDB_", "PATH", "KILN_", "SLURM_", "MASTER_", "HF_", "PL_", "PYTEST_", "NETRC", "PYTHONPATH", "RANK",
            "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC")  # fmt: skip
 

@@ -143,7 +143,7 @@ def test_runs_started_at_the_same_instant_never_share_a_folder(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
-    if shutil.which("unshare") is None or forkserver.run(["unshare", "-Urm", "true"]).returncode:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
         pytest.skip("needs unshare to mount a small filesystem")
     runs = tmp_path / "small"
     runs.mkdir()
@@ -156,7 +156,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(
     mount = f"mount -t tmpfs -o size=2m tmpfs {runs}"
     script = f'{mount} && {shlex.join(kiln)}; rc=$?; {sys.executable} -c "{check}"; exit $rc'
     env = {**os.environ, "PYTHONPATH": PROBES}
-    done = forkserver.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -212,7 +212,7 @@ def test_a_resume_with_more_epochs_stretches_the_schedule_instead_of_training_at
 def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_half_written(
     command: str, tmp_path: Path
 ) -> None:
-    if shutil.which("unshare") is None or forkserver.run(["unshare", "-Urm", "true"]).returncode:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
         pytest.skip("needs unshare to mount a small filesystem")
     fit = build_cli(["fit", *QUIET, "--run.root", str(tmp_path / "runs")])
     last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
@@ -222,7 +222,7 @@ def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_
             "--trainer.logger", "false"]  # fmt: skip
     left = f"find {small} -type f -printf 'left %p\\n'"
     script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}; rc=$?; {left}; exit $rc"
-    done = forkserver.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: no space left on the device: free some, or write elsewhere (--run.root, --output)"]
@@ -231,7 +231,7 @@ def test_a_full_disk_while_testing_or_predicting_is_one_line_and_leaves_nothing_
 
 @pytest.mark.slow
 def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on(tmp_path: Path) -> None:
-    if shutil.which("unshare") is None or forkserver.run(["unshare", "-Urm", "true"]).returncode:
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-Urm", "true"]).returncode:
         pytest.skip("needs unshare to mount a small filesystem")
     small = tmp_path / "wandb-disk"  # 16 KiB for W&B's files; the run folder on the ordinary disk
     small.mkdir()
@@ -239,7 +239,7 @@ def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on
             "--trainer.logger.init_args.save_dir", str(small), "--run.root", str(tmp_path / "runs")]  # fmt: skip
     script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}"
     env = {**os.environ, "WANDB_MODE": "offline"}
-    done = forkserver.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]  # was exit 1 with 45,954 lines, 988 of them logging errors
     assert done.stderr.count("W&B: logging stopped (") == 1 and "Logging error" not in done.stderr
     assert len(done.stderr.splitlines()) < 100

@@ -380,7 +380,7 @@ def test_a_stop_signal_that_comes_as_the_handlers_are_set_is_kept() -> None:
         "stop_signals.install()\n"
         "print(stop_signals.received())"
     )
-    done = forkserver.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "SIGTERM", done.stderr  # was None
 
 
@@ -494,7 +494,7 @@ def test_a_stop_signal_the_launching_process_blocked_still_stops_the_run(tmp_pat
     def block() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
 
-    done = forkserver.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, preexec_fn=block)
     assert done.returncode == 138, done.stderr[-2000:]
     assert "SIGUSR1: stopped after step 3" in done.stderr
     # a native library that took SIGUSR1 over while the Trainer was built (OpenMPI, started by mpi4py when Lightning

@@ -472,13 +472,13 @@ def test_a_study_on_a_full_disk_says_the_disk_is_full(tmp_path: Path, capsys: py
     """It said 'not a readable study database … restore it' of a database that was fine, on a disk that was full."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if forkserver.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
     try:
         with pytest.raises(SystemExit) as stop:
             main(["sweep", "-c", str(sweep_file(tmp_path)), "--storage", f"sqlite:///{disk / 'study.db'}"])
     finally:
-        forkserver.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left on its disk" in line and "restore" not in line
@@ -492,7 +492,7 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
     """Optuna's StorageInternalError (database or disk is full) was an internal error."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if forkserver.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("this machine does not let even root mount a tmpfs (a container without CAP_SYS_ADMIN)")
     spec = sweep_file(tmp_path, n_trials=1, args=["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), *QUIET])
     command = ["sweep", "-c", str(spec), "--storage", f"sqlite:///{disk / 'study.db'}"]
@@ -505,7 +505,7 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
         with pytest.raises(SystemExit) as stop:
             main([*command, "--n_trials", "3"])
     finally:
-        forkserver.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # the study may still hold its file open
     assert stop.value.code != 0
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no space left" in line and "internal error" not in line
