@@ -10,12 +10,14 @@ table into benchmarks/README.md, so no other measurement changes a tracked file.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import platform
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -293,6 +295,7 @@ def run_template(
             self.device = pl_module.device
 
     runs = tempfile.mkdtemp(prefix="kiln-bench-")
+    atexit.register(shutil.rmtree, runs, ignore_errors=True)  # last, after W&B's own exit handlers
     args = smoke(WORKLOADS[workload][0]) if small else WORKLOADS[workload][0]
     if workload == "cifar_gpu" and not small:
         args = with_batch_size(args, GPU_BATCH)
@@ -456,10 +459,11 @@ def main() -> None:
     if not options.no_sweep:
         sweep = measure([sys.executable, str(Path(__file__)), "--sweep-trials", "2" if options.smoke else "8"])
         results["sweep"] = sweep
-        sweep["process_s"] = seconds(
-            [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
-             "--run.root", tempfile.mkdtemp(), "--run.test_after_fit=false"]
-        )  # fmt: skip
+        with tempfile.TemporaryDirectory() as root:
+            sweep["process_s"] = seconds(
+                [sys.executable, "-m", "kiln", "fit", "-c", "configs/debug/limit.yaml", "--trainer.logger=false",
+                 "--run.root", root, "--run.test_after_fit=false"]
+            )  # fmt: skip
     if not options.smoke and not options.no_sweep:
         imports, helps = [], []
         for _ in range(repeats):  # interleaved as well

@@ -9,8 +9,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import forkserver
 import pytest
 from dataset_files import write_cifar10, write_mnist
+
+
+def pytest_sessionfinish() -> None:
+    """No server left waiting, nor its socket's folder in the temporary folder (xdist's workers skip atexit)."""
+    forkserver.stop()
 
 
 @pytest.fixture

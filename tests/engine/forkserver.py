@@ -3,8 +3,8 @@
 Each command runs kiln's real entry point in a process of its own (its argv, environment, folder, process group,
 output and exit status), without paying again the ~3 s of imports that every launch of the suite would
 (benchmarks/README.md). Tests about a process's own start or end (imports, signal masks, Python's finalization,
-the README's and the scripts' commands) launch real processes; so does a command whose environment differs from
-the server's in a variable the preloaded modules may read as they import.
+the installed script, the README's `make` commands and the scripts') launch real processes; so does a command whose
+environment differs from the server's in a variable the preloaded modules may read as they import.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,8 +29,11 @@ from typing import Any
 PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision")
 FORKABLE = {"env", "cwd", "timeout", "start_new_session"}  # subprocess.run's options a forked command takes
 # variables a command may set unlike the server's: read when kiln runs, not when the preloaded modules import
+# (CUBLAS_WORKSPACE_CONFIG and DATA_OPTIMIZER_*: what Lightning's deterministic mode and LitData set in a test's own
+# process as it runs; in the worker's environment from then on, they made every later launch a real process)
 RUNTIME = ("WANDB_", "PATH", "KILN_", "SLURM_", "MASTER_", "HF_", "PL_", "PYTEST_", "NETRC", "PYTHONPATH", "RANK",
-           "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC")  # fmt: skip
+           "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC",
+           "CUBLAS_WORKSPACE_CONFIG", "DATA_OPTIMIZER_")  # fmt: skip
 
 
 def _serve(path: str) -> None:
@@ -115,12 +119,28 @@ class _Server:
                                         stdout=subprocess.PIPE, env=self.env)  # fmt: skip
         assert self.process.stdout is not None and self.process.stdout.readline().strip() == b"ready"
 
+    def close(self) -> None:
+        """Stop the server (its stdin closes) and remove its socket's folder."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
     def serves(self, env: dict[str, str]) -> bool:
         differing = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
         return self.process.poll() is None and all(k.startswith(RUNTIME) for k in differing)
 
 
 _server: _Server | None = None
+_starting = threading.Lock()  # the README test runs commands from several threads
+
+
+def stop() -> None:
+    """End this worker's server, if it started one (the engine suite's conftest, as the session ends)."""
+    global _server
+    if _server is not None:
+        _server.close()
+        _server = None
 
 
 def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
@@ -131,8 +151,9 @@ def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ if options.get("env") is None else options["env"])
     captured, text = options.pop("capture_output", False), options.pop("text", False)
     forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and text and set(options) <= FORKABLE
-    if forkable and _server is None:
-        _server = _Server()
+    with _starting:
+        if forkable and _server is None:
+            _server = _Server()
     if not (forkable and _server is not None and _server.serves(env)):
         return subprocess.run(command, capture_output=captured, text=text, **options)
     cwd, timeout = str(options.get("cwd") or os.getcwd()), options.get("timeout")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,10 @@ def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp
     env = {**os.environ, "WANDB_MODE": "offline"}
     cmd = [sys.executable, str(BENCH), "--smoke", "--workloads", "cifar_gpu", "--out", str(tmp_path), "--epochs", "6",
            "--profile", str(tmp_path / "profile")]  # fmt: skip
+    leftovers = set(Path(tempfile.gettempdir()).glob("kiln-bench-*"))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert set(Path(tempfile.gettempdir()).glob("kiln-bench-*")) == leftovers  # each run's folder is removed
     (result,) = tmp_path.glob("*.json")
     report = json.loads(result.read_text())
     kinds = report["medians"]["cifar_gpu"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import multiprocessing
@@ -289,3 +290,11 @@ def test_a_second_command_on_a_run_folder_in_use_is_refused_in_one_line(tmp_path
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_command_that_ended_in_a_python_session_leaves_its_run_folder_free() -> None:
+    """A notebook's finished fit held its run folder until the next command or the kernel's end: a `kiln fit
+    --ckpt_path last` from a terminal was refused as "in use" (and the lock's file was left open)."""
+    cli = build_cli(["fit", *LIMIT, "--run.test_after_fit", "false", "--trainer.logger", "false"])
+    with (Path(cli.trainer.default_root_dir) / ".lock").open("a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while the ended command holds it

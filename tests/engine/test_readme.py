@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import forkserver
 import pytest
 from dataset_files import write_image_folder, write_mnist
 from helpers import PROBES
@@ -51,6 +52,15 @@ def newest(project: Path, pattern: str) -> str:
 def kiln(command: str) -> str:
     """``kiln …`` as the README writes it after `source .venv/bin/activate`: the project's own."""
     return re.sub(r"^kiln ", ".venv/bin/kiln ", command)
+
+
+def launch(argv: list[str], project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a README command in ``project``: ``.venv/bin/kiln …`` as ``python -m kiln …`` forked from the preloaded
+    server (the same entry point, arguments, folder and environment; tests/engine/test_cli.py starts the installed
+    script itself), anything else (make, uv, cookiecutter) as a process of its own."""
+    if argv[0] == ".venv/bin/kiln":
+        argv = [sys.executable, "-m", "kiln", *argv[1:]]
+    return forkserver.run(argv, cwd=project, capture_output=True, text=True, env=env, timeout=600)
 
 
 def template(command: str, project: Path) -> str:
@@ -148,8 +158,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
                 failures.append(f"`{command}`: {error}")
                 continue
             assert runnable is not None
-            done = subprocess.run(shlex.split(runnable), cwd=project, capture_output=True, text=True, env=env,
-                                  timeout=600)  # fmt: skip
+            done = launch(shlex.split(runnable), project, env)
             if done.returncode:
                 failures.append(f"`{command}` (run as `{runnable}`) exited {done.returncode}:\n"
                                 f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")  # fmt: skip

@@ -203,10 +203,12 @@ class KilnCLI(LightningCLI):
                 super().__init__(*args, **kwargs)
         except BaseException:
             finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
+            folders.release()
             console.end_command()
             raise
         if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
             finish_wandb()
+            folders.release()  # the run folder is free for another process (a notebook's fit has ended)
             console.end_command()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
