@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,12 @@ def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     return subprocess.CompletedProcess(command, code, stdout, stderr)
+
+
+def run_together(commands: list[list[str]], **options: Any) -> list[subprocess.CompletedProcess[str]]:
+    """``run`` for commands that must run at the same time (workers of one study, multiruns on one folder)."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda command: run(command, **options), commands))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -183,8 +182,8 @@ def test_two_multiruns_on_one_folder_train_each_run_once_and_both_aggregate_all(
     """Two multiruns on one folder (two machines on a shared disk) trained every run twice."""
     command = [sys.executable, "-m", "kiln", "multirun", "--seeds", "0-3", "--", *LIMIT, *QUIET]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    workers = [subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    errors = [worker.communicate(timeout=300)[1] for worker in workers]
+    workers = forkserver.run_together([command] * 2, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    errors = [worker.stderr for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     root = tmp_path / "runs" / "multirun" / "multirun"
     trained = {seed: [p for p in (root / "base" / f"seed{seed}").iterdir() if p.is_dir()] for seed in range(4)}

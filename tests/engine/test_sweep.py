@@ -248,8 +248,8 @@ def test_two_workers_on_one_study_share_the_trials_and_run_none_twice(
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(sweep_file(tmp_path)), "--root", "runs/sweeps",
                "--storage", url]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    workers = [subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [w.communicate(timeout=300)[1] for w in workers]
+    workers = forkserver.run_together([command] * 2, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    outputs = [w.stderr for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs[0][-1500:] + outputs[1][-1500:]
     trials = [
         t for t in optuna.load_study(study_name="tiny", storage=storage).get_trials() if not t.user_attrs.get("surplus")
@@ -397,8 +397,8 @@ def test_drivers_started_together_on_a_new_study_share_it(tmp_path: Path) -> Non
     path = sweep_file(tmp_path, n_trials=3)  # a new SQLite study that three drivers create at the same moment
     command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", str(tmp_path / "runs" / "sweeps")]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    drivers = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for _ in range(3)]
-    errors = [driver.communicate(timeout=300)[1] for driver in drivers]
+    drivers = forkserver.run_together([command] * 3, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    errors = [driver.stderr for driver in drivers]
     assert [driver.returncode for driver in drivers] == [0, 0, 0], [e[-800:] for e in errors]  # was IntegrityError
     trials = [t for t in study(tmp_path).get_trials() if not t.user_attrs.get("surplus")]
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3 and len({t.params[LR] for t in trials}) == 3
