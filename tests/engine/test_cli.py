@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from helpers import CONFIGS, LIMIT, PROBES
@@ -404,7 +405,7 @@ def test_a_run_prints_about_30_lines_and_keeps_the_rest_in_console_log(tmp_path:
     (run,) = (tmp_path / "runs" / "digits").iterdir()
     kept = (run / "console.log").read_text()
     assert "Seed set to 42" in kept and "Restoring states" in kept and "Per-class test accuracy" in kept
-    loud = subprocess.run([*command, "-v"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    loud = forkserver.run([*command, "-v"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert "Seed set to 42" in loud.stderr + loud.stdout and "Per-class test accuracy" in loud.stderr + loud.stdout
 
 

@@ -61,6 +61,7 @@ def test_tune_mistakes_are_one_line(capsys: pytest.CaptureFixture) -> None:
 
 @pytest.mark.slow
 def test_a_fit_at_the_suggested_rate_reaches_98_percent(capsys: pytest.CaptureFixture) -> None:
+    """In 8 of the default experiment's 30 epochs (0.994 measured): a rate that only the full schedule rescues fails."""
     folder, _ = tuned(capsys)
-    cli = build_cli(["fit", "-c", str(folder / "tuned.yaml"), "--trainer.logger", "false"])
+    cli = build_cli(["fit", "-c", str(folder / "tuned.yaml"), "--trainer.logger", "false", "--trainer.max_epochs", "8"])
     assert (cli.test_metrics or {})["test/acc"] >= 0.98
