@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import forkserver
+import pytest
 
 
+@pytest.mark.slow  # real processes beside forked ones
 def test_a_forked_kiln_command_prints_and_exits_as_a_real_process_and_an_import_time_variable_gets_a_real_one(
     tmp_path: Path,
 ) -> None:
