@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import forkserver
@@ -15,6 +14,7 @@ import pytest
 import torch
 from helpers import CONFIGS, LIMIT, PROBES
 
+from kiln import results
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.errors import UsageError
@@ -82,12 +82,28 @@ def test_wandb_run_config_holds_resolved_config(monkeypatch: pytest.MonkeyPatch)
     main(["fit", *LIMIT, "--run.test_after_fit", "false"])
     (run_dir,) = run_dirs()
     (run_log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")  # the offline run's record, as synced later
-    for _ in range(100):  # W&B's service may still be writing the record when finish() returns
-        record = run_log.read_bytes()
-        if b"research.data.DigitsDataModule" in record:
-            break
-        time.sleep(0.1)
+    record = run_log.read_bytes()  # complete as the command returns: W&B's service has closed it
     assert b"research.data.DigitsDataModule" in record and b'limit_train_batches":5' in record
+
+
+def test_a_wandb_runs_history_is_whole_as_soon_as_its_command_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    services = wandb_services()
+    main(["fit", *LIMIT])
+    (run_dir,) = run_dirs()
+    read_at_once = results.history(run_dir)  # as a notebook reads it on the next line
+    assert wandb_services() <= services  # W&B's service, which writes the file, has closed it and ended
+    import wandb
+
+    wandb.teardown()
+    assert read_at_once.equals(results.history(run_dir)) and len(read_at_once) > 7
+
+
+def wandb_services() -> set[str]:
+    """The process ids of this process's W&B service children (Linux's /proc)."""
+    pids = " ".join(Path(task, "children").read_text() for task in Path("/proc/self/task").iterdir()).split()
+    comm = {pid: Path(f"/proc/{pid}/comm") for pid in pids}
+    return {pid for pid, path in comm.items() if path.exists() and path.read_text().strip() == "wandb-core"}
 
 
 def test_second_run_gets_its_own_folder() -> None:

@@ -132,10 +132,13 @@ def _first_line(err: BaseException) -> str:
 
 
 def finish_wandb(exit_code: int = 0) -> None:
-    """End this process's W&B run, so the next run in the same process (a notebook) starts its own."""
+    """End this process's W&B run, so the next run in the same process (a notebook) starts its own, and wait
+    until W&B's service has written and closed its files: ``wandb.finish`` returns before that, and a notebook
+    reading the run's history at once (``kiln.results``) read a part of it."""
     wandb = sys.modules.get("wandb")  # never import W&B just to close it
     if wandb is not None and wandb.run is not None:
         try:
             wandb.finish(exit_code=exit_code)
+            wandb.teardown(exit_code)  # the service ends once every file is whole; the next run starts its own
         except Exception as err:  # a full disk, a server gone: what it logged is what there is
             print(f"W&B: the run could not be closed cleanly ({_first_line(err)})", file=sys.stderr)
