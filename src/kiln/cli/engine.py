@@ -202,14 +202,18 @@ class KilnCLI(LightningCLI):
             with process_group.released_after():  # an in-process DDP run's port and group: free for the next
                 super().__init__(*args, **kwargs)
         except BaseException:
-            finish_wandb(exit_code=1)  # mark the W&B run failed; a later run in this process gets a new one
-            folders.release()
-            console.end_command()
+            self._end_command(exit_code=1)  # the W&B run is marked failed
             raise
         if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
-            finish_wandb()
-            folders.release()  # the run folder is free for another process (a notebook's fit has ended)
-            console.end_command()
+            self._end_command()
+
+    @staticmethod
+    def _end_command(exit_code: int = 0) -> None:
+        """Close what the command held, so a later one in this process (a notebook) or another process starts
+        clean: its W&B run, its run folder, its console."""
+        finish_wandb(exit_code=exit_code)
+        folders.release()
+        console.end_command()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""

@@ -55,8 +55,7 @@ def leaving() -> None:
     resets its handlers to the default (kill) while it finalizes, and SLURM ends a requeued job's tasks with a
     SIGTERM that would otherwise turn a rank's 138 into "Terminated"."""
     if threading.current_thread() is threading.main_thread():
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)  # kept to the end: Python leaves an ignored signal ignored
+        _ignore_stop_signals()  # kept to the end: Python leaves an ignored signal ignored
 
 
 def worker_init_fn() -> Callable[[int], None]:
@@ -95,5 +94,9 @@ def stop_here(what: str) -> None:
 def ignore_in_worker(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a process-group SIGTERM (SLURM, systemd, ``kill -- -pgid``) leaves
     the workers to the main process, which saves at the step boundary and then shuts them down."""
+    _ignore_stop_signals()
+
+
+def _ignore_stop_signals() -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
