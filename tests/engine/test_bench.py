@@ -15,6 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp_path: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "offline"}
     cmd = [sys.executable, str(BENCH), "--smoke", "--workloads", "cifar_gpu", "--out", str(tmp_path), "--epochs", "6",

@@ -145,6 +145,7 @@ def test_early_stopping_preset_appends_and_stops() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_path: Path) -> None:
     tested = {}
     for strategy in ("ddp", "ddp_spawn"):  # ddp_spawn pickles the CLI: a closure in it was an internal error

@@ -54,13 +54,28 @@ def kiln(command: str) -> str:
     return re.sub(r"^kiln ", ".venv/bin/kiln ", command)
 
 
-def launch(argv: list[str], project: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def launch(
+    argv: list[str], project: Path, env: dict[str, str], whole: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run a README command in ``project``: ``.venv/bin/kiln …`` as ``python -m kiln …`` forked from the preloaded
     server (the same entry point, arguments, folder and environment; tests/engine/test_cli.py starts the installed
-    script itself), anything else (make, uv, cookiecutter) as a process of its own."""
+    script itself), ``make train|sweep`` as the kiln command its recipe expands to, forked too, unless ``whole``
+    (make, ``uv run`` and the ``kiln`` script: the README's first ``make train``), anything else (make, uv,
+    cookiecutter) as a process of its own."""
+    if argv[:2] in (["make", "train"], ["make", "sweep"]) and not whole:
+        argv = made(argv, project, env)
     if argv[0] == ".venv/bin/kiln":
         argv = [sys.executable, "-m", "kiln", *argv[1:]]
     return forkserver.run(argv, cwd=project, capture_output=True, text=True, env=env, timeout=600)
+
+
+def made(argv: list[str], project: Path, env: dict[str, str]) -> list[str]:
+    """The ``kiln`` command a make target's recipe runs (``make -n``: make expands the variables, runs nothing)."""
+    recipe = subprocess.run(["make", "-n", *argv[1:]], cwd=project, capture_output=True, text=True, env=env, check=True)
+    words = shlex.split(recipe.stdout.strip().splitlines()[-1])  # <uv> run --no-sync kiln <arguments>
+    start = next((i + 3 for i in range(len(words)) if words[i : i + 3] == ["run", "--no-sync", "kiln"]), None)
+    assert start is not None, f"`{' '.join(argv)}` runs `{recipe.stdout.strip()}`, not uv's kiln"
+    return [".venv/bin/kiln", *words[start:]]
 
 
 def template(command: str, project: Path) -> str:
@@ -134,6 +149,7 @@ def test_every_readme_command_has_a_rule() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
@@ -158,7 +174,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
                 failures.append(f"`{command}`: {error}")
                 continue
             assert runnable is not None
-            done = launch(shlex.split(runnable), project, env)
+            done = launch(shlex.split(runnable), project, env, whole=command == "make train")
             if done.returncode:
                 failures.append(f"`{command}` (run as `{runnable}`) exited {done.returncode}:\n"
                                 f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")  # fmt: skip

@@ -117,6 +117,7 @@ def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tm
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_subprocess_trials_train_on_two_ddp_ranks_report_from_rank_0_and_prune_on_both(tmp_path: Path) -> None:
     planted = [{LR: 3e-3}, {LR: 1e6}, {LR: 1e-7}]  # one good, one that diverges, one worse than the median
     path = sweep_file(tmp_path, space={LR: {"low": 1.0e-7, "high": 1.0e6, "log": True}}, enqueue=planted, n_trials=2,

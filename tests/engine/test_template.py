@@ -95,6 +95,7 @@ def test_generation_renames_the_research_package_and_leaves_the_engine_whole(tem
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_generated_projects_make_install_and_make_test_pass(template: Path, tmp_path: Path) -> None:
     """The project's own `make install` (its own .venv, from uv's cache: no network) and `make test`, as its user
     runs them; the test once stood this environment in for `make install`."""
