@@ -191,6 +191,7 @@ class KilnCLI(LightningCLI):
         """``inside``: the command that runs this one in its own process (``kiln sweep``), if any; ``callbacks``:
         objects it adds to the trainer's (a sweep's reporter holding its trial)."""
         self.inside, self.extra_callbacks = inside, list(callbacks)
+        self._named = named_subcommand(kwargs.get("args"))
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
         self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
@@ -214,6 +215,11 @@ class KilnCLI(LightningCLI):
         finish_wandb(exit_code=exit_code)
         folders.release()
         console.end_command()
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
+        """Lightning's subcommands, or only the one the command line names: a subcommand's parser takes about
+        0.1 s to build, and a command parses with its own alone."""
+        return subcommands_for(self._named)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
@@ -270,8 +276,7 @@ class KilnCLI(LightningCLI):
                 super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             given = self._given
-            command = next((a for a in given if a in self.subcommands()), None)
-            known = getattr(self, "_subcommand_parsers", {}).get(command, parser)  # a LightningCLI attribute
+            known = getattr(self, "_subcommand_parsers", {}).get(self._named, parser)  # a LightningCLI attribute
 
             def known_keys() -> list[str]:
                 return list(known.get_defaults().keys())
@@ -469,10 +474,22 @@ class KilnCLI(LightningCLI):
             raise
 
 
+def named_subcommand(args: ArgsType) -> str | None:
+    """The Lightning subcommand (fit, validate, test, predict) a command line names, if any."""
+    given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
+    return next((str(a) for a in given if a in LightningCLI.subcommands()), None)
+
+
+def subcommands_for(named: str | None) -> dict[str, set[str]]:
+    """LightningCLI's subcommands and the arguments each skips: only ``named``'s when there is one."""
+    every = LightningCLI.subcommands()
+    return {named: every[named]} if named else every
+
+
 def _evaluated_file(given: list[str]) -> tuple[str, str] | None:
     """``(subcommand, file)`` when the command line is validate/test/predict with ``--ckpt_path <file>``
     (not ``best``, ``last`` or a ``wandb:`` version, which need the parsed config to be found)."""
-    command = next((a for a in given if a in LightningCLI.subcommands()), None)
+    command = named_subcommand(given)
     if command in (None, "fit"):
         return None
     for i, token in enumerate(given):
@@ -526,13 +543,14 @@ def build_cli(
         "exit_on_error": False,  # parse errors become one line (kiln.cli.config_errors), not usage plus nested errors
     }
     defaults = {**top, "default_config_files": [str(config_dir() / "train.yaml")]}
+    each = {sub: defaults for sub in subcommands_for(named_subcommand(args))}
     return KilnCLI(
         model_class=None,
         datamodule_class=None,
         save_config_callback=WandbConfigSaver,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
-        parser_kwargs={**top, **{sub: defaults for sub in LightningCLI.subcommands()}} if run else defaults,
+        parser_kwargs={**top, **each} if run else defaults,
         args=args,
         run=run,
         inside=inside,
