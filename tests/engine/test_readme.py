@@ -71,8 +71,9 @@ def launch(
 
 def made(argv: list[str], project: Path, env: dict[str, str]) -> list[str]:
     """The ``kiln`` command a make target's recipe runs (``make -n``: make expands the variables, runs nothing)."""
-    recipe = subprocess.run(["make", "-n", *argv[1:]], cwd=project, capture_output=True, text=True, env=env, check=True)
-    words = shlex.split(recipe.stdout.strip().splitlines()[-1])  # <uv> run --no-sync kiln <arguments>
+    recipe = subprocess.run(["make", "-n", "--no-print-directory", *argv[1:]], cwd=project, capture_output=True,
+                            text=True, env=env, check=True)  # fmt: skip
+    words = shlex.split(recipe.stdout.strip())  # <uv> run --no-sync kiln <arguments>
     start = next((i + 3 for i in range(len(words)) if words[i : i + 3] == ["run", "--no-sync", "kiln"]), None)
     assert start is not None, f"`{' '.join(argv)}` runs `{recipe.stdout.strip()}`, not uv's kiln"
     return [".venv/bin/kiln", *words[start:]]
