@@ -310,7 +310,12 @@ class SlurmSignalAtStep(Callback):
     ) -> None:
         if trainer.global_step == self.step and not self.marker.exists():
             self.marker.touch()
-            subprocess.run(["scancel", f"--signal={self.name}", os.environ["SLURM_JOB_ID"]], check=True)
+            signum = getattr(signal, f"SIG{self.name}")
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})  # scancel, a process of this job step, inherits
+            try:  # the block: slurmd's signal reached it too and once ended it before it exited (died with SIGUSR1)
+                subprocess.run(["scancel", f"--signal={self.name}", os.environ["SLURM_JOB_ID"]], check=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # this process's own signal arrives now
             time.sleep(5)  # the signal comes from slurmd meanwhile; the next step boundary acts on it
 
 
