@@ -223,8 +223,7 @@ class KilnCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
-        given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
-        self._given = self._parsed = [str(a) for a in given]
+        self._given = self._parsed = command_line(args)
         check_config_files(self._given)
         if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
             self._checkpoint = read_checkpoint(named[1])  # parsed once, with its model and data
@@ -474,10 +473,14 @@ class KilnCLI(LightningCLI):
             raise
 
 
+def command_line(args: ArgsType) -> list[str]:
+    """The command line's arguments as written: ``args``, or the process's own when it is ``None``."""
+    return [str(a) for a in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+
+
 def named_subcommand(args: ArgsType) -> str | None:
     """The Lightning subcommand (fit, validate, test, predict) a command line names, if any."""
-    given = sys.argv[1:] if args is None else args if isinstance(args, list) else []
-    return next((str(a) for a in given if a in LightningCLI.subcommands()), None)
+    return next((a for a in command_line(args) if a in LightningCLI.subcommands()), None)
 
 
 def subcommands_for(named: str | None) -> dict[str, set[str]]:
