@@ -71,7 +71,7 @@ def fast_args(compile_mode: str, small: bool) -> list[str]:
 
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
-    swap = {"50000": "128", "512": "64", "gpu": "cpu", "4": "0"}
+    swap = {"50000": "64", "512": "32", "gpu": "cpu", "4": "0"}
     return [swap.get(a, a) for a in args]
 
 
@@ -85,7 +85,7 @@ def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
     """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
     from research.nets import ResNet
 
-    return ResNet(in_channels=3, num_classes=10), *((128, 64) if small else (50000, GPU_BATCH))
+    return ResNet(in_channels=3, num_classes=10), *((64, 32) if small else (50000, GPU_BATCH))
 
 
 def peak_rss_mb() -> float:
@@ -355,12 +355,33 @@ def seconds(command: list[str]) -> float:
 
 
 def measure(command: list[str]) -> dict[str, float]:
-    """Run one measuring process of this script; its last stdout line is the JSON result."""
+    """Run one measuring process of this script; its last stdout line is the JSON result. With ``--smoke`` the
+    process is forked from this one (see ``forked``)."""
+    if "--smoke" in command:
+        return forked(command[2:])
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def forked(argv: list[str]) -> dict[str, float]:
+    """A smoke run's measuring process, forked from this one, which imported torch and kiln once: a fresh
+    interpreter per kind paid those imports again, and a smoke run's figures are checked, never compared."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # leaves by SystemExit through Python's own exit, which runs W&B's and the run folder's handlers
+        os.close(read)
+        with os.fdopen(write, "w") as out:
+            out.write(json.dumps(measure_once(parser().parse_args(argv))))
+        raise SystemExit(0)
+    os.close(write)
+    with os.fdopen(read) as out:
+        printed = out.read()
+    if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed (its error is above)")
+    return json.loads(printed)
 
 
 def one(kind: str, workload: str, small: bool, settings: list[str]) -> dict[str, float]:
@@ -381,8 +402,7 @@ COMPARISONS = [
 ]
 
 
-def main() -> None:
-    global GPU_BATCH
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="default: all this machine can run")
@@ -402,23 +422,31 @@ def main() -> None:
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--sweep-trials", type=int, help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    return parser
+
+
+def measure_once(options: argparse.Namespace) -> dict[str, float]:
+    """What one measuring process (``--one`` or ``--sweep-trials``) measures."""
+    global GPU_BATCH
     GPU_BATCH = options.batch_size
-    if options.sweep_trials:  # the sweep measurement, in its own process
-        print(json.dumps(sweep_overhead(options.sweep_trials)))
-        return
-    if options.one:  # a single measured process
-        epochs = options.epochs or (WORKLOADS[options.workload][1] if not options.smoke else 2)
-        run = (options.workload, epochs, options.started, options.one, options.smoke)
-        if options.one.startswith("raw"):
-            result = run_raw(*run, compile_mode=options.compile_mode)
-        else:
-            if options.one == "ceiling":
-                result = run_ceiling(*run, compile_mode=options.compile_mode, profile=options.profile)
-            else:
-                extra = shlex.split(options.template_args)
-                result = run_template(*run, compile_mode=options.compile_mode, profile=options.profile, extra=extra)
-        print(json.dumps(result))
+    if options.sweep_trials:
+        return sweep_overhead(options.sweep_trials)
+    epochs = options.epochs or (WORKLOADS[options.workload][1] if not options.smoke else 2)
+    run = (options.workload, epochs, options.started, options.one, options.smoke)
+    if options.one.startswith("raw"):
+        return run_raw(*run, compile_mode=options.compile_mode)
+    if options.one == "ceiling":
+        return run_ceiling(*run, compile_mode=options.compile_mode, profile=options.profile)
+    extra = shlex.split(options.template_args)
+    return run_template(*run, compile_mode=options.compile_mode, profile=options.profile, extra=extra)
+
+
+def main() -> None:
+    global GPU_BATCH
+    options = parser().parse_args()
+    GPU_BATCH = options.batch_size
+    if options.sweep_trials or options.one:  # a single measuring process
+        print(json.dumps(measure_once(options)))
         return
     settings = ["--compile-mode", options.compile_mode, "--batch-size", str(options.batch_size)]
     settings += ["--epochs", str(options.epochs)] if options.epochs else []
@@ -426,6 +454,9 @@ def main() -> None:
     settings += ["--template-args", options.template_args] if options.template_args else []
 
     import torch
+
+    if options.smoke:  # its measuring processes are forked from this one: they import nothing again
+        import kiln.cli  # noqa: F401
 
     runnable = [w for w in WORKLOADS if w != "cifar_gpu" or torch.cuda.is_available() or options.smoke]
     workloads = options.workloads or runnable
@@ -445,7 +476,7 @@ def main() -> None:
         runs[workload] = samples
     gpu = {"compile_mode": options.compile_mode, "batch_size": options.batch_size}
     if options.smoke:  # on the CPU, tiny and never compiled
-        gpu = {"compile_mode": "none", "batch_size": 64}
+        gpu = {"compile_mode": "none", "batch_size": 32}
     results: dict[str, object] = {"medians": medians, "runs": runs, "comparisons": [], "cifar_gpu_settings": gpu}
     for workload, base, measured, meaning in COMPARISONS:
         if workload in runs and {base, measured} <= set(runs[workload]):  # paired: drift cancels
