@@ -14,9 +14,12 @@ DEBUG ?=
 ARGS ?=
 SWEEP ?= digits
 # tests in TEST_WORKERS processes of one thread each (torch's own threads would only contend for the cores);
-# every run of a test, and the runs it starts, see the same thread count: CPU results stay bitwise comparable
-TEST_WORKERS ?= 2
-PYTEST = OMP_NUM_THREADS=1 $(UV) run --no-sync pytest -n $(TEST_WORKERS) --dist worksteal
+# every run of a test, and the runs it starts, see the same thread count: CPU results stay bitwise comparable.
+# The engine suite's tests wait on their subprocesses, servers and SLURM: a third worker takes the core a waiting
+# one leaves (benchmarks/README.md); test-fast's and a generated project's tests keep theirs busy: two
+TEST_WORKERS ?= $(if $(SUITE),3,2)
+FAST_WORKERS ?= 2
+PYTEST = OMP_NUM_THREADS=1 $(UV) run --no-sync pytest --dist worksteal
 # the template runs its engine suite, which generates a project and runs that project's own `make test` (the
 # research package's tests and notebooks, renamed); a generated project has no tests/engine: its tests run here
 SUITE = $(if $(wildcard tests/engine),tests/engine,)
@@ -46,10 +49,10 @@ sweep: ## Hyper-parameter sweep of configs/sweep/$(SWEEP).yaml (rerun to continu
 	$(UV) run --no-sync kiln sweep -c configs/sweep/$(SWEEP).yaml $(ARGS)
 
 test: ## Run the whole test suite on the CPU, as CI does (GPU tests: make test-gpu); in the template, the engine's suite
-	$(PYTEST) $(SUITE)
+	$(PYTEST) -n $(TEST_WORKERS) $(SUITE)
 
 test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook (nor its plugin: 1.3 s to import)
-	$(PYTEST) -m "not slow and not gpu" -p no:nbmake -o addopts="-ra --strict-markers --durations=15" tests
+	$(PYTEST) -n $(FAST_WORKERS) -m "not slow and not gpu" -p no:nbmake -o addopts="-ra --strict-markers --durations=15" tests
 
 test-gpu: ## Run only the GPU tests (needs CUDA)
 	$(UV) run --no-sync pytest -m gpu

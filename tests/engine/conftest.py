@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -19,11 +20,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules of the longest tests first: a worker that starts one of them near the end leaves the other
-    idle meanwhile (the generated project's test, started at 636 s of 765, left one core idle for 90 s). A whole
-    module moves, so its module-scoped fixtures are still made once."""
-    first = {item.path for item in items if item.get_closest_marker("long")}
-    items.sort(key=lambda item: item.path not in first)  # stable: each group keeps its order
+    """Each worker starts with a long test: pytest-xdist's worksteal hands worker k the next
+    ``len(pending) // workers left`` items and others steal from a queue's tail, so a long test late in a
+    queue kept one worker busy while the others had nothing left (the generated project's test, started at
+    485 s of 598). The modules of the long tests go round-robin to the heads of the workers' first queues,
+    their long tests first; whole modules move, so module-scoped fixtures are still made once."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    modules = {item.path: [i for i in items if i.path == item.path] for item in items}
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    long = [tests for tests in modules.values() if any(t.get_closest_marker("long") for t in tests)]
+    for n, tests in enumerate(long):
+        heads[n % workers] += sorted(tests, key=lambda t: t.get_closest_marker("long") is None)  # stable
+    rest = [t for tests in modules.values() if tests not in long for t in tests]
+    ordered: list[pytest.Item] = []
+    for k, head in enumerate(heads):
+        fill = max(0, (len(items) - len(ordered)) // (workers - k) - len(head))
+        ordered += head + rest[:fill]
+        rest = rest[fill:]
+    items[:] = ordered + rest
 
 
 def pytest_sessionfinish() -> None:
