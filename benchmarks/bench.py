@@ -442,9 +442,7 @@ def measure_once(options: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    global GPU_BATCH
     options = parser().parse_args()
-    GPU_BATCH = options.batch_size
     if options.sweep_trials or options.one:  # a single measuring process
         print(json.dumps(measure_once(options)))
         return

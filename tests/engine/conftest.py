@@ -26,12 +26,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     485 s of 598). The modules of the long tests go round-robin to the heads of the workers' first queues,
     their long tests first; whole modules move, so module-scoped fixtures are still made once."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    modules = {item.path: [i for i in items if i.path == item.path] for item in items}
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    long = [path for path, tests in modules.items() if any(t.get_closest_marker("long") for t in tests)]
     heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    long = [tests for tests in modules.values() if any(t.get_closest_marker("long") for t in tests)]
-    for n, tests in enumerate(long):
-        heads[n % workers] += sorted(tests, key=lambda t: t.get_closest_marker("long") is None)  # stable
-    rest = [t for tests in modules.values() if tests not in long for t in tests]
+    for n, path in enumerate(long):
+        heads[n % workers] += sorted(modules[path], key=lambda t: t.get_closest_marker("long") is None)  # stable
+    rest = [t for path, tests in modules.items() if path not in long for t in tests]
     ordered: list[pytest.Item] = []
     for k, head in enumerate(heads):
         fill = max(0, (len(items) - len(ordered)) // (workers - k) - len(head))
