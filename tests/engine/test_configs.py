@@ -201,3 +201,26 @@ def test_limit_train_batches_1_is_one_batch_whichever_order_typing_cached_the_un
     cli = build_cli(["--trainer.limit_train_batches", given, "--trainer.logger", "false"], run=False)
     assert repr(cli.config.trainer.limit_train_batches) == given
     assert repr(cli.trainer.limit_train_batches) == given  # what Lightning counts batches by
+
+
+def test_a_command_reads_the_default_config_once_and_the_next_command_reads_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """jsonargparse asked the subcommand's parser for its defaults twice a command, each time reading train.yaml
+    and building every class it names; kiln.cli.parser keeps them for the parse, and only for it."""
+    import jsonargparse
+
+    read: list[str] = []
+    original = jsonargparse.ArgumentParser.get_defaults
+
+    def counted(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        if parser.default_config_files:
+            read.append(parser.default_config_files[0])
+        return original(parser, *args, **kwargs)
+
+    monkeypatch.setattr(jsonargparse.ArgumentParser, "get_defaults", counted)
+    for epochs in (3, 4):  # the next command reads the file again: it may have changed in between
+        with pytest.raises(SystemExit):
+            main(["fit", "--trainer.max_epochs", str(epochs), "--print_config"])
+        assert yaml.safe_load(capsys.readouterr().out)["trainer"]["max_epochs"] == epochs
+    assert read == [str(CONFIGS / "train.yaml")] * 2  # before: four times

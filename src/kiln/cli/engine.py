@@ -40,6 +40,7 @@ from kiln.cli.from_checkpoint import (
 )
 from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
+from kiln.cli.parser import KilnArgumentParser
 from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
 from kiln.cli.whole_numbers import keep_whole_numbers
@@ -316,6 +317,17 @@ class KilnCLI(LightningCLI):
             "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
         )
 
+    def _dump_config(self) -> None:
+        """LightningCLI's dump of the parsed config (the hyper-parameters checkpoints hold), without checking the
+        config once more: parsing checked it, and the check took most of the dump's time. Overrides a private
+        LightningCLI method (README: private APIs relied on)."""
+        if hasattr(self, "config_dump"):
+            return
+        dumped = self.parser.dump(self.config, skip_link_targets=False, skip_unset=False, skip_validation=True)
+        self.config_dump = yaml.safe_load(dumped)
+        if "subcommand" in self.config:
+            self.config_dump = self.config_dump[self.config.subcommand]
+
     def _parse_ckpt_path(self) -> None:
         """Lightning applies the checkpoint's model settings over the command line; kiln refuses a
         resume that changes them instead (they would be ignored) and never lets a redacted secret
@@ -551,6 +563,7 @@ def build_cli(
         model_class=None,
         datamodule_class=None,
         save_config_callback=WandbConfigSaver,
+        parser_class=KilnArgumentParser,
         save_config_kwargs={"overwrite": True, "save_to_log_dir": False},
         auto_configure_optimizers=False,  # the model owns its optimizer and scheduler (kept in its hparams)
         parser_kwargs={**top, **each} if run else defaults,
