@@ -27,7 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision")
+# a W&B run's start imports W&B's launch inputs (1.7 CPU-s, pandas with them); a sweep on a database storage imports
+# alembic and SQLAlchemy (0.6): each forked command that needed them imported them again
+PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision", "wandb.sdk.launch", "pandas",
+             "optuna", "alembic", "sqlalchemy")  # fmt: skip
 FORKABLE = {"env", "cwd", "timeout", "start_new_session"}  # subprocess.run's options a forked command takes
 # variables a command may set unlike the server's: read when kiln runs, not when the preloaded modules import
 # (CUBLAS_WORKSPACE_CONFIG and DATA_OPTIMIZER_*: what Lightning's deterministic mode and LitData set in a test's own
