@@ -91,6 +91,7 @@ def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, b
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _leave_the_servers_folders()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -112,6 +113,18 @@ def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, b
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
+
+
+def _leave_the_servers_folders() -> None:
+    """W&B makes two temporary folders as it is imported and removes them as the process ends: the server's,
+    shared by its children. A child leaves them (the first one to end removed them under every other's files);
+    the server removes them as it ends."""
+    from wandb.sdk.artifacts.artifact import Artifact
+    from wandb.sdk.data_types import _private
+
+    for folder in (_private.MEDIA_TMP, Artifact._TMP_DIR):
+        atexit.unregister(folder.cleanup)
+        folder._finalizer.detach()  # type: ignore[attr-defined]
 
 
 class _Server:
