@@ -51,9 +51,9 @@ def _serve(path: str) -> None:
     listener.bind(path)
     listener.listen(16)
     print("ready", flush=True)
-    running: dict[int, socket.socket] = {}
-    while True:
-        ready, _, _ = select.select([listener, sys.stdin], [], [], 0.02)
+    running: dict[int, tuple[socket.socket, int]] = {}  # a child's pid -> its request's connection, its pidfd
+    while True:  # blocks until a request, the worker's end or a child's end: a 20 ms poll cost 11 CPU-s a session
+        ready, _, _ = select.select([listener, sys.stdin, *(fd for _, fd in running.values())], [], [])
         if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
             return  # the worker is gone
         if listener in ready:
@@ -62,20 +62,21 @@ def _serve(path: str) -> None:
             pid = os.fork()
             if pid == 0:
                 listener.close()
-                for other in running.values():
+                for other, pidfd in running.values():
                     other.close()
+                    os.close(pidfd)
                 _child(json.loads(message), fds, connection, base_path)
             for fd in fds:
                 os.close(fd)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            running[pid] = connection
-        while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            connection = running.pop(pid)
-            connection.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-            connection.close()
+            running[pid] = (connection, os.pidfd_open(pid))
+        for pid, (connection, pidfd) in list(running.items()):
+            if pidfd in ready:
+                _, status = os.waitpid(pid, 0)
+                os.close(pidfd)
+                del running[pid]
+                connection.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                connection.close()
 
 
 def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, base_path: list[str]) -> None:
