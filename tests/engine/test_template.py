@@ -98,10 +98,11 @@ def test_generation_renames_the_research_package_and_leaves_the_engine_whole(tem
 @pytest.mark.long
 def test_a_generated_projects_make_install_and_make_test_pass(template: Path, tmp_path: Path) -> None:
     """The project's own `make install` (its own .venv, from uv's cache: no network) and `make test`, as its user
-    runs them; the test once stood this environment in for `make install`."""
+    runs them, on a machine where Python writes its bytecode caches (the template's own CI installs where it does
+    not); the test once stood this environment in for `make install`."""
     project = generate(template, tmp_path)  # its own: the module's project stays without a .venv
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH",
-                                                            "PYTEST_CURRENT_TEST")}  # fmt: skip
+    left = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "PYTHONPATH", "PYTEST_CURRENT_TEST", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if k not in left}
     done = subprocess.run(["make", "install"], cwd=project, env={**env, "UV_OFFLINE": "1"}, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
