@@ -23,6 +23,8 @@ BYTECODE := $(if $(PYTHONDONTWRITEBYTECODE),--compile-bytecode)
 TEST_WORKERS ?= $(if $(SUITE),3,2)
 FAST_WORKERS ?= 2
 PYTEST = OMP_NUM_THREADS=1 $(UV) run --no-sync pytest --dist worksteal
+# without the notebook plugin (1.3 s to import in each worker) where no notebook is collected
+NO_NOTEBOOKS = -p no:nbmake -o addopts="-ra --strict-markers --durations=$(1)"
 # the template runs its engine suite, which generates a project and runs that project's own `make test` (the
 # research package's tests and notebooks, renamed); a generated project has no tests/engine: its tests run here
 SUITE = $(if $(wildcard tests/engine),tests/engine,)
@@ -52,10 +54,10 @@ sweep: ## Hyper-parameter sweep of configs/sweep/$(SWEEP).yaml (rerun to continu
 	$(UV) run --no-sync kiln sweep -c configs/sweep/$(SWEEP).yaml $(ARGS)
 
 test: ## Run the whole test suite on the CPU, as CI does (GPU tests: make test-gpu); in the template, the engine's suite
-	$(PYTEST) -n $(TEST_WORKERS) $(SUITE)
+	$(PYTEST) -n $(TEST_WORKERS) $(if $(SUITE),$(call NO_NOTEBOOKS,30)) $(SUITE)
 
 test-fast: ## The inner loop while working: no slow, no GPU tests, no notebook (nor its plugin: 1.3 s to import)
-	$(PYTEST) -n $(FAST_WORKERS) -m "not slow and not gpu" -p no:nbmake -o addopts="-ra --strict-markers --durations=15" tests
+	$(PYTEST) -n $(FAST_WORKERS) -m "not slow and not gpu" $(call NO_NOTEBOOKS,15) tests
 
 test-gpu: ## Run only the GPU tests (needs CUDA)
 	$(UV) run --no-sync pytest -m gpu
