@@ -1,4 +1,4 @@
-"""``python -m kiln`` for tests, forked from a Python that has already imported torch and Lightning.
+"""``python -m kiln`` for tests, forked from a Python that has already imported torch, Lightning and kiln.
 
 Each command runs kiln's real entry point in a process of its own (its argv, environment, folder, process group,
 output and exit status), without paying again the ~3 s of imports that every launch of the suite would
@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 # a W&B run's start imports W&B's launch inputs (1.7 CPU-s, pandas with them); a sweep on a database storage imports
-# alembic and SQLAlchemy (0.6): each forked command that needed them imported them again
+# alembic and SQLAlchemy (0.6); a fit imports kiln's and the research package's modules and what they use (0.1-0.25
+# s; they read no environment variable as they import): each forked command that needed them imported them again
 PRELOADED = ("torch", "lightning.pytorch", "jsonargparse", "torchmetrics", "torchvision", "wandb.sdk.launch", "pandas",
-             "optuna", "alembic", "sqlalchemy")  # fmt: skip
+             "optuna", "alembic", "sqlalchemy", "kiln.cli.engine", "kiln.callbacks", "research.models", "research.data",
+             "research.nets", "torchvision.transforms.v2", "docstring_parser", "attr", "PIL.Image",
+             "rich.console")  # fmt: skip
 FORKABLE = {"env", "cwd", "timeout", "start_new_session"}  # subprocess.run's options a forked command takes
 # variables a command may set unlike the server's: read when kiln runs, not when the preloaded modules import
 # (CUBLAS_WORKSPACE_CONFIG and DATA_OPTIMIZER_*: what Lightning's deterministic mode and LitData set in a test's own
