@@ -204,7 +204,7 @@ def test_limit_train_batches_1_is_one_batch_whichever_order_typing_cached_the_un
 
 
 def test_a_command_reads_the_default_config_once_and_the_next_command_reads_it_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """jsonargparse asked the subcommand's parser for its defaults twice a command, each time reading train.yaml
     and building every class it names; kiln.cli.parser keeps them for the parse, and only for it."""
