@@ -13,15 +13,14 @@ import forkserver
 import pytest
 import torch
 from dataset_files import write_image_folder
-from helpers import CONFIGS, LIMIT, PROBES
+from helpers import CONFIGS, LIMIT, PROBES, needs
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.data.folder import decode
 from research.data.waveforms import SHAPES
 
-for needed in ("onnx", "onnxscript", "onnxruntime"):
-    pytest.importorskip(needed, reason="needs the onnx extra (make install; uv sync --extra onnx)")
+needs("onnx", "onnxscript", "onnxruntime", reason="needs the onnx extra (make install; uv sync --extra onnx)")
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import LIMIT
+from helpers import LIMIT, needs
 from PIL import Image
 
 from kiln.cli import build_cli
@@ -15,7 +15,7 @@ from kiln.errors import DataError
 from research.data.digits import load_digits
 from research.data.waveforms import waveforms
 
-datasets = pytest.importorskip("datasets", reason="needs the data extra (make install; uv sync --extra data)")
+needs("datasets", reason="needs the data extra (make install; uv sync --extra data)")
 
 DIGIT_NAMES = ["zero", "one", "two"]
 
@@ -29,6 +29,8 @@ def digit_rows(n: int) -> dict[str, list]:
 
 @pytest.mark.slow
 def test_a_saved_image_dataset_trains_with_names_from_its_class_label(tmp_path: Path) -> None:
+    import datasets
+
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=DIGIT_NAMES)})
     datasets.Dataset.from_dict(digit_rows(90), features=features).save_to_disk(str(tmp_path / "saved"))
     args = ["--data", "kiln.data.HFDataModule", "--data.path", str(tmp_path / "saved"), "--data.image_size", "8",
@@ -43,6 +45,8 @@ def test_a_saved_image_dataset_trains_with_names_from_its_class_label(tmp_path: 
 
 
 def test_parquet_splits_of_signals_with_string_labels(tmp_path: Path) -> None:
+    import datasets
+
     signals, labels = waveforms(120, 32, 0.1, seed=0)
     shapes = ["sine", "square", "triangle", "sawtooth"]
     for split, rows in (("train", slice(0, 100)), ("test", slice(100, 120))):
@@ -58,12 +62,16 @@ def test_parquet_splits_of_signals_with_string_labels(tmp_path: Path) -> None:
 
 
 def test_a_missing_column_names_the_columns_there_are(tmp_path: Path) -> None:
+    import datasets
+
     datasets.Dataset.from_dict({"pixels": [[0.0, 1.0]] * 4, "label": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "d"))
     with pytest.raises(DataError, match=r"no column 'image' \(columns: pixels, label\); set data.init_args.input_co"):
         HFDataModule(path=tmp_path / "d")
 
 
 def test_a_dataset_by_name_goes_through_load_dataset_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     signals, labels = waveforms(40, 16, 0.1, seed=1)

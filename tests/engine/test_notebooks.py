@@ -4,15 +4,17 @@ a regression, a sweep and a multirun; what it shows names each of them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
 import pytest
 import yaml
 from helpers import CONFIGS, LIMIT
-from nbclient import NotebookClient
 from test_health import nan_net_config
 
 from kiln.commands.boundary import main
+
+if TYPE_CHECKING:  # imported by the test that runs the notebook, not at collection (1.9 CPU-s of every worker)
+    import nbformat
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 TINY = ["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml")]
@@ -46,6 +48,9 @@ def test_the_results_notebook_runs_on_fits_a_sweep_and_a_multirun(
     sweep.write_text(yaml.safe_dump({"name": "tiny", "n_trials": 2, "pruner": "none", "args": args, "space": space}))
     main(["sweep", "-c", str(sweep)])
     main(["multirun", "--seeds", "0-1", "--name", "seeds", "--", *TINY])
+    import nbformat
+    from nbclient import NotebookClient
+
     monkeypatch.setenv("KILN_RUNS", str(tmp_path / "runs"))
     notebook = nbformat.read(NOTEBOOKS / "results.ipynb", as_version=4)
     NotebookClient(

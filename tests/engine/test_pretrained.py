@@ -8,29 +8,39 @@ import json
 import os
 import shutil
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import forkserver
 import pytest
-import timm
 import torch
 from helpers import CONFIGS, LIMIT, PROBES
 from lightning.pytorch import Callback, LightningModule, Trainer
 from safetensors.torch import save_file
 
+import research.nets as nets  # nets.Timm imports timm as it is first read, in the tests that use it
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.errors import ConfigError
-from research.nets import Timm
 
 NAME = "test_efficientnet"  # timm's own test model: ImageNet statistics, 0.2 M parameters
-CFG: Any = timm.models.get_pretrained_cfg(NAME)  # its classifier, first convolution and hub repository
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+@cache
+def cfg() -> Any:
+    """timm's configuration of NAME: its classifier, first convolution and hub repository (timm is imported by the
+    tests that use it, not at collection: 0.8 CPU-s of every worker)."""
+    import timm
+
+    return timm.models.get_pretrained_cfg(NAME)
 
 
 def pretrained_file(tmp_path: Path, name: str = NAME) -> tuple[Path, dict[str, torch.Tensor]]:
     """A randomly initialised timm model saved as a pretrained weights file would be (1000 classes, RGB)."""
+    import timm
+
     torch.manual_seed(7)
     weights = timm.create_model(name).state_dict()
     path = tmp_path / f"{name}.safetensors"
@@ -47,31 +57,33 @@ def test_a_saved_timm_model_loads_as_pretrained_with_a_new_head_and_an_adapted_f
     tmp_path: Path,
 ) -> None:
     path, saved = pretrained_file(tmp_path)
-    rgb = Timm(NAME, num_classes=10, in_channels=3, weights=str(path)).model.state_dict()
-    classifier = CFG.classifier
+    rgb = nets.Timm(NAME, num_classes=10, in_channels=3, weights=str(path)).model.state_dict()
+    classifier = cfg().classifier
     assert all(torch.equal(rgb[k], v) for k, v in saved.items() if not k.startswith(classifier))
     assert rgb[f"{classifier}.weight"].shape[0] == 10  # a new head for the data's classes
-    gray = Timm(NAME, num_classes=10, in_channels=1, weights=str(path)).model.state_dict()
-    stem = f"{CFG.first_conv}.weight"
+    gray = nets.Timm(NAME, num_classes=10, in_channels=1, weights=str(path)).model.state_dict()
+    stem = f"{cfg().first_conv}.weight"
     assert torch.allclose(gray[stem], saved[stem].sum(dim=1, keepdim=True))  # RGB filters summed for one channel
-    fresh = Timm(NAME, num_classes=10, in_channels=3).model.state_dict()  # no weights: a random initialisation
+    fresh = nets.Timm(NAME, num_classes=10, in_channels=3).model.state_dict()  # no weights: a random initialisation
     assert not torch.equal(fresh[stem], saved[stem])
 
 
 def test_a_model_built_for_one_image_size_is_built_for_the_datas() -> None:
-    vit = Timm("vit_tiny_patch16_224", num_classes=10, in_channels=3, input_shape=(3, 32, 32))  # fixed at 224 in timm
+    vit = nets.Timm(
+        "vit_tiny_patch16_224", num_classes=10, in_channels=3, input_shape=(3, 32, 32)
+    )  # fixed at 224 in timm
     assert vit(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
 def test_weights_that_do_not_fit_and_unknown_names_stop_in_one_line(tmp_path: Path) -> None:
     other, _ = pretrained_file(tmp_path, "test_resnet")
     with pytest.raises(ConfigError, match=rf"weights: {other} does not fit timm {NAME}: ") as err:
-        Timm(NAME, num_classes=10, weights=str(other))
+        nets.Timm(NAME, num_classes=10, weights=str(other))
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match=r"weights: no file .*missing.safetensors"):
-        Timm(NAME, num_classes=10, weights=str(tmp_path / "missing.safetensors"))
+        nets.Timm(NAME, num_classes=10, weights=str(tmp_path / "missing.safetensors"))
     with pytest.raises(ConfigError, match=r"name: timm has no model 'test_efficientnett'; did you mean test_effic"):
-        Timm("test_efficientnett", num_classes=10)
+        nets.Timm("test_efficientnett", num_classes=10)
 
 
 def test_the_data_normalises_with_the_statistics_the_pretrained_weights_expect(
@@ -178,7 +190,7 @@ def test_a_network_without_a_head_cannot_be_fine_tuned_by_parts() -> None:
 
 def plant_hub_cache(cache: Path) -> None:
     """The Hugging Face cache layout ``hf_hub_download`` reads offline: a ref, a snapshot, the weights file."""
-    repo = CFG.hf_hub_id
+    repo = cfg().hf_hub_id
     commit = "0" * 40
     folder = cache / f"models--{repo.replace('/', '--')}"
     (folder / "refs").mkdir(parents=True)
@@ -228,5 +240,5 @@ def test_under_ddp_the_unfrozen_backbone_trains_as_one_model_on_both_ranks(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     rank0, rank1 = (torch.load(dump / f"rank{r}.pt", weights_only=True, map_location="cpu")["state"] for r in (0, 1))
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # one model, not two
-    stem = f"net.model.{CFG.first_conv}.weight"
+    stem = f"net.model.{cfg().first_conv}.weight"
     assert not torch.allclose(rank0[stem], saved[stem.removeprefix("net.model.")].sum(1, keepdim=True))  # it trained

@@ -10,7 +10,7 @@ from pathlib import Path
 import forkserver
 import pytest
 import torch
-from helpers import CONFIGS, LIMIT, PROBES
+from helpers import CONFIGS, LIMIT, PROBES, needs
 from test_resume import assert_bitwise_equal, final_state
 
 from kiln.cli import build_cli
@@ -19,7 +19,7 @@ from kiln.data.streaming import convert
 from kiln.errors import DataError
 from research.data import WaveformsDataModule
 
-pytest.importorskip("litdata", reason="needs the data extra (make install; uv sync --extra data)")
+needs("litdata", reason="needs the data extra (make install; uv sync --extra data)")
 
 WAVEFORMS = ["-c", str(CONFIGS / "experiment" / "waveforms.yaml")]
 CONVERT = [sys.executable, "-m", "kiln", "convert"]
