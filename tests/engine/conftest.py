@@ -15,8 +15,11 @@ import pytest
 from dataset_files import write_cifar10, write_mnist
 
 
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's: the server's environment is what the workers get
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a minute or so of one worker; its module runs first (see below)")
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        forkserver.share()  # pytest-xdist's controller, before it starts the workers: one server for them all
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,8 +45,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = ordered + rest
 
 
-def pytest_sessionfinish() -> None:
-    """No server left waiting, nor its socket's folder in the temporary folder (xdist's workers skip atexit)."""
+def pytest_unconfigure() -> None:
+    """No server left waiting, nor its socket's folder in the temporary folder (xdist's workers skip atexit): the
+    controller's shared one as the last worker has ended, a process's own as its session ends."""
     forkserver.stop()
 
 

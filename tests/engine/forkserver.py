@@ -4,7 +4,8 @@ Each command runs kiln's real entry point in a process of its own (its argv, env
 output and exit status), without paying again the ~3 s of imports that every launch of the suite would
 (benchmarks/README.md). Tests about a process's own start or end (imports, signal masks, Python's finalization,
 the installed script, the README's `make` commands and the scripts') launch real processes; so does a command whose
-environment differs from the server's in a variable the preloaded modules may read as they import.
+environment differs from the server's in a variable the preloaded modules may read as they import. Under
+pytest-xdist one server, started by the controller, serves every worker; a process on its own starts its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,10 +45,20 @@ RUNTIME = ("WANDB_", "PATH", "KILN_", "SLURM_", "MASTER_", "HF_", "PL_", "PYTEST
            "CUBLAS_WORKSPACE_CONFIG", "DATA_OPTIMIZER_")  # fmt: skip
 
 
+def _refused(env: dict[str, str], started: dict[str, str], imported: dict[str, str]) -> list[str]:
+    """The variables in which a command's environment differs from the one the server started in and that the
+    preloaded modules may have read as they imported (the command then runs as a real process); a variable those
+    imports set themselves (torch's TORCHINDUCTOR_CACHE_DIR) may hold what they set it to."""
+    differing = {k for k in {*env, *started} if env.get(k) != started.get(k)}
+    return sorted(k for k in differing if not k.startswith(RUNTIME) and env.get(k) != imported.get(k))
+
+
 def _serve(path: str) -> None:
-    """The server: import, then fork one child per request until the test worker that started it goes away."""
+    """The server: import, then fork one child per request until the process that started it goes away."""
+    started = dict(os.environ)  # before the imports, some of which set variables of their own
     for name in PRELOADED:
         importlib.import_module(name)
+    imported = dict(os.environ)
     assert threading.active_count() == 1, "a thread in the server would not survive its forks"
     own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]  # each command's PYTHONPATH goes first
@@ -62,13 +74,21 @@ def _serve(path: str) -> None:
         if listener in ready:
             connection, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
+            request = json.loads(message)
+            refused = _refused(request["env"], started, imported)
+            if refused or not fds:  # refused, or a question (``serves``): a command sends its output files
+                for fd in fds:
+                    os.close(fd)
+                connection.sendall(json.dumps({"refused": refused}).encode() + b"\n")
+                connection.close()
+                continue
             pid = os.fork()
             if pid == 0:
                 listener.close()
                 for other, pidfd in running.values():
                     other.close()
                     os.close(pidfd)
-                _child(json.loads(message), fds, connection, base_path)
+                _child(request, fds, connection, base_path)
             for fd in fds:
                 os.close(fd)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -132,12 +152,20 @@ def _leave_the_servers_folders() -> None:
 
 
 class _Server:
-    def __init__(self) -> None:
+    """A server this process started: for its own commands, or (``share``) for the xdist workers it starts."""
+
+    def __init__(self, inherited: bool = False) -> None:
+        """``inherited``: the environment a child process inherits (the C library's), as pytest-xdist's workers get
+        it; else this process's ``os.environ``, which its commands send (code beneath Python may have changed the
+        C library's: COLUMNS and LINES appeared there in pytest's process)."""
         self.folder = tempfile.mkdtemp(prefix="kiln-forkserver-")
         self.path = str(Path(self.folder) / "socket")
-        self.env = dict(os.environ)
+        env = None if inherited else dict(os.environ)
         self.process = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, env=self.env)  # fmt: skip
+                                        stdout=subprocess.PIPE, env=env)  # fmt: skip
+
+    def wait_ready(self) -> None:
+        """Wait until it has imported and listens (a server that failed to start fails the caller)."""
         assert self.process.stdout is not None and self.process.stdout.readline().strip() == b"ready"
 
     def close(self) -> None:
@@ -147,49 +175,96 @@ class _Server:
         self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def serves(self, env: dict[str, str]) -> bool:
-        differing = {k for k in {*env, *self.env} if env.get(k) != self.env.get(k)}
-        return self.process.poll() is None and all(k.startswith(RUNTIME) for k in differing)
 
-
+SHARED = "KILN_TESTS_FORK_SERVER"  # the socket of the server an xdist controller started for all its workers
 _server: _Server | None = None
 _starting = threading.Lock()  # the README test runs commands from several threads
 
 
+def share() -> None:
+    """Start one server for the workers this process (pytest-xdist's controller) is about to start, without
+    waiting for it to import (the workers start meanwhile; they wait for its socket): each worker's own imported
+    torch, Lightning and kiln again (8.5 CPU-s a worker). It inherits the environment the workers inherit (with
+    what every conftest's pytest_configure set), so their commands fork from it."""
+    global _server
+    _server = _Server(inherited=True)
+    os.environ[SHARED] = _server.path
+
+
 def stop() -> None:
-    """End this worker's server, if it started one (the engine suite's conftest, as the session ends)."""
+    """End the server this process started, if it did (as its pytest session ends)."""
     global _server
     if _server is not None:
         _server.close()
         _server = None
+        os.environ.pop(SHARED, None)
+
+
+def _socket() -> str:
+    """The path of the server to ask: the controller's shared one, else this process's own (started at first use)."""
+    global _server
+    if shared := os.environ.get(SHARED):
+        return shared
+    with _starting:
+        if _server is None:
+            _server = _Server()
+            _server.wait_ready()
+    return _server.path
+
+
+def _connect(path: str, patience: float = 120.0) -> socket.socket:
+    """A connection to the server at ``path``; a shared server may still be importing: its socket comes once it
+    listens."""
+    deadline = time.monotonic() + patience
+    while True:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+            return connection
+        except (FileNotFoundError, ConnectionRefusedError):
+            connection.close()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no fork server listens at {path} after {patience:.0f} s") from None
+            time.sleep(0.05)
+
+
+def _ask(request: dict[str, Any], fds: list[int]) -> tuple[socket.socket, Any, dict[str, Any]]:
+    """Send a request to the server; the connection, its replies and the first reply."""
+    connection = _connect(_socket())
+    socket.send_fds(connection, [json.dumps(request).encode()], fds)
+    replies = connection.makefile("rb")
+    return connection, replies, json.loads(replies.readline())
+
+
+def serves(env: dict[str, str]) -> bool:
+    """Whether a command with this environment is forked (else it runs as a real process)."""
+    connection, _, reply = _ask({"env": env}, [])
+    connection.close()
+    return not reply["refused"]
 
 
 def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(command, capture_output=True, text=True, ...)``: forked when ``command`` is
     ``[sys.executable, "-m", "kiln", ...]`` and asks for no more than ``env``, ``cwd``, ``timeout`` and
-    ``start_new_session``; a real process otherwise."""
-    global _server
+    ``start_new_session``; a real process otherwise, or where the environment differs from the server's in a
+    variable outside RUNTIME."""
     env = dict(os.environ if options.get("env") is None else options["env"])
     captured, text = options.pop("capture_output", False), options.pop("text", False)
     forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and text and set(options) <= FORKABLE
-    with _starting:
-        if forkable and _server is None:
-            _server = _Server()
-    if not (forkable and _server is not None and _server.serves(env)):
+    if not forkable:
         return subprocess.run(command, capture_output=captured, text=text, **options)
     cwd, timeout = str(options.get("cwd") or os.getcwd()), options.get("timeout")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.connect(_server.path)
         request = {"args": command[3:], "env": env, "cwd": cwd, "new_session": options.get("start_new_session", False)}
-        socket.send_fds(connection, [json.dumps(request).encode()], [out.fileno(), err.fileno()])
-        replies = connection.makefile("rb")
-        pid = json.loads(replies.readline())["pid"]
+        connection, replies, reply = _ask(request, [out.fileno(), err.fileno()])
+        if "pid" not in reply:
+            connection.close()
+            return subprocess.run(command, capture_output=captured, text=text, **options)
         connection.settimeout(timeout)
         try:
             code = json.loads(replies.readline())["code"]
         except TimeoutError:
-            os.killpg(pid, signal.SIGKILL)
+            os.killpg(reply["pid"], signal.SIGKILL)
             raise subprocess.TimeoutExpired(command, timeout or 0) from None
         finally:
             connection.close()
