@@ -15,6 +15,7 @@ from kiln.commands.boundary import main
 from kiln.wandb import offline as wandb_offline
 
 
+@pytest.mark.slow  # a W&B offline run with model artifacts: 3.8 s
 def test_checkpoints_are_model_artifact_versions_once_each_and_mistakes_a_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

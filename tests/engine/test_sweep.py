@@ -405,6 +405,7 @@ def test_drivers_started_together_on_a_new_study_share_it(tmp_path: Path) -> Non
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3 and len({t.params[LR] for t in trials}) == 3
 
 
+@pytest.mark.slow  # two sweeps and a refusal: 4.6 s
 def test_a_changed_search_space_is_refused_in_one_line_and_leaves_no_trial_running(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
