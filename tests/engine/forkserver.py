@@ -63,8 +63,9 @@ def _serve(path: str) -> None:
     own = {os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if os.path.abspath(p) not in own]  # each command's PYTHONPATH goes first
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(f"{path}.binding")
     listener.listen(16)
+    os.rename(f"{path}.binding", path)  # the socket appears listening: a client that finds none waits for it
     print("ready", flush=True)
     running: dict[int, tuple[socket.socket, int]] = {}  # a child's pid -> its request's connection, its pidfd
     while True:  # blocks until a request, the worker's end or a child's end: a 20 ms poll cost 11 CPU-s a session
@@ -214,18 +215,21 @@ def _socket() -> str:
 
 def _connect(path: str, patience: float = 120.0) -> socket.socket:
     """A connection to the server at ``path``; a shared server may still be importing: its socket comes once it
-    listens."""
+    listens. A socket nobody listens on is a server that ended: that fails at once."""
     deadline = time.monotonic() + patience
     while True:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.connect(path)
             return connection
-        except (FileNotFoundError, ConnectionRefusedError):
+        except FileNotFoundError:
             connection.close()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no fork server listens at {path} after {patience:.0f} s") from None
             time.sleep(0.05)
+        except ConnectionRefusedError:
+            connection.close()
+            raise RuntimeError(f"the fork server at {path} has ended (its output is above)") from None
 
 
 def _ask(request: dict[str, Any], fds: list[int]) -> tuple[socket.socket, Any, dict[str, Any]]:
