@@ -22,7 +22,7 @@ def callback(cli: Any, kind: type) -> Any:
 
 def needs(*modules: str, reason: str) -> None:
     """Skip the calling test module unless ``modules`` are installed, without importing them: an import at
-    collection (nbformat 1.9 CPU-s, timm 0.7, datasets 0.4) is paid by every worker, not only the one that runs
+    collection (nbformat 1.9 CPU-s, timm 0.8, datasets 0.4) is paid by every worker, not only the one that runs
     the module's tests."""
     if any(importlib.util.find_spec(m) is None for m in modules):
         pytest.skip(reason, allow_module_level=True)

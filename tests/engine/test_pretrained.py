@@ -69,9 +69,8 @@ def test_a_saved_timm_model_loads_as_pretrained_with_a_new_head_and_an_adapted_f
 
 
 def test_a_model_built_for_one_image_size_is_built_for_the_datas() -> None:
-    vit = nets.Timm(
-        "vit_tiny_patch16_224", num_classes=10, in_channels=3, input_shape=(3, 32, 32)
-    )  # fixed at 224 in timm
+    # fixed at 224 in timm
+    vit = nets.Timm("vit_tiny_patch16_224", num_classes=10, in_channels=3, input_shape=(3, 32, 32))
     assert vit(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
