@@ -72,7 +72,7 @@ def fast_args(compile_mode: str, small: bool) -> list[str]:
 
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
-    swap = {"50000": "64", "512": "32", "gpu": "cpu", "4": "0"}
+    swap = {"50000": "32", "512": "32", "gpu": "cpu", "4": "0"}  # one batch an epoch
     return [swap.get(a, a) for a in args]
 
 
@@ -86,7 +86,7 @@ def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
     """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
     from research.nets import ResNet
 
-    return ResNet(in_channels=3, num_classes=10), *((64, 32) if small else (50000, GPU_BATCH))
+    return ResNet(in_channels=3, num_classes=10), *((32, 32) if small else (50000, GPU_BATCH))
 
 
 def peak_rss_mb() -> float:
