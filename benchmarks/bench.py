@@ -49,6 +49,7 @@ RESNET = [
 CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512", "--trainer.accelerator", "gpu",
              "--data.num_workers", "4"]  # fmt: skip
 GPU_BATCH = 512  # cifar_gpu's batch size (`--batch-size` changes it for every kind)
+SMOKE_SAMPLES = SMOKE_BATCH = 32  # `--smoke`: cifar_gpu's training set and batch, one batch an epoch
 DEFAULT_COMPILE_MODE = "default"  # cifar_gpu's optimised kinds (`--compile-mode`; benchmarks/README.md)
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
@@ -72,7 +73,7 @@ def fast_args(compile_mode: str, small: bool) -> list[str]:
 
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
-    swap = {"50000": "32", "512": "32", "gpu": "cpu", "4": "0"}  # one batch an epoch
+    swap = {"50000": str(SMOKE_SAMPLES), str(GPU_BATCH): str(SMOKE_BATCH), "gpu": "cpu", "4": "0"}
     return [swap.get(a, a) for a in args]
 
 
@@ -86,7 +87,7 @@ def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
     """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
     from research.nets import ResNet
 
-    return ResNet(in_channels=3, num_classes=10), *((32, 32) if small else (50000, GPU_BATCH))
+    return ResNet(in_channels=3, num_classes=10), *((SMOKE_SAMPLES, SMOKE_BATCH) if small else (50000, GPU_BATCH))
 
 
 def peak_rss_mb() -> float:
