@@ -1,4 +1,5 @@
-"""Files written whole or not at all: a full disk or a kill mid-write leaves the old file, or none, never half a one."""
+"""Files written whole or not at all: a full disk or a kill mid-write leaves the old file, or none, never half a one;
+and YAML read and written by libyaml, PyYAML's C code, where it is installed (pure Python otherwise)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the same safe tags and resolvers, in C
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 @contextmanager
@@ -23,3 +30,13 @@ def written_whole(path: str | Path) -> Iterator[Path]:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def load_yaml(text: str | bytes) -> Any:
+    """``yaml.safe_load``, in C: the CLI reads its config files several times a command."""
+    return yaml.load(text, Loader=_LOADER)
+
+
+def dump_yaml(data: Any) -> str:
+    """``yaml.safe_dump(data, sort_keys=False)``, in C."""
+    return yaml.dump(data, Dumper=_DUMPER, sort_keys=False)

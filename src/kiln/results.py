@@ -16,8 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from kiln.files import load_yaml
 from kiln.runs.folders import layout, partial_data, read_metrics
 from kiln.runs.metrics import run_metrics
 
@@ -44,7 +43,7 @@ def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def _raw_config(run_dir: str | Path) -> dict[str, Any]:
     path = layout(run_dir).config
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return (load_yaml(path.read_text()) or {}) if path.is_file() else {}
 
 
 def config(run_dir: str | Path) -> dict[str, Any]:

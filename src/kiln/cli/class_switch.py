@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonargparse import Namespace
 
 from kiln.cli.classes import REQUIRED, defaults, import_class
 from kiln.cli.config_errors import Source, skeleton
+from kiln.files import load_yaml
 
 SWITCHABLE = ("model", "model.init_args.net", "model.init_args.optimizer", "model.init_args.scheduler", "data")
 
@@ -26,7 +26,7 @@ def _node(value: Any, path: str) -> Any:
 def carried_over(config: Namespace, default_file: Path, written: list[Source]) -> list[str]:
     """One line per switched class that kept default values nobody wrote for it (``written``: the
     ``-c`` files and flags after the default config)."""
-    defaults = yaml.safe_load(default_file.read_text()) or {}
+    defaults = load_yaml(default_file.read_text()) or {}
     by_user = {skeleton(path) for source in written for path, _ in source.entries}
     lines = []
     for path in SWITCHABLE:
@@ -54,7 +54,7 @@ def carried_over(config: Namespace, default_file: Path, written: list[Source]) -
 def own_defaults(config: Namespace, default_file: Path, written: list[Source]) -> None:
     """For each switched class, the arguments nobody wrote (in ``default_file`` or after it) set to the new class's
     own defaults, where the old class's defaults were carried over instead."""
-    defaults_file = yaml.safe_load(default_file.read_text()) or {}
+    defaults_file = load_yaml(default_file.read_text()) or {}
     by_user = {skeleton(path) for source in written for path, _ in source.entries}
     for path in SWITCHABLE:
         node, default = _node(config, path), _node(defaults_file, path)

@@ -21,6 +21,7 @@ import yaml
 
 from kiln.cli.classes import import_class, parameters
 from kiln.errors import UsageError
+from kiln.files import load_yaml
 from kiln.process.secrets import REDACTED, is_secret_name, redact_text, secret_values
 
 KEY = re.compile(r'Parser key "([^"]+)"')
@@ -77,14 +78,14 @@ def _inline(text: str) -> dict[str, Any] | None:
     if "\n" not in text:
         return None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = load_yaml(text)
     except yaml.YAMLError:
         return None
     return loaded if isinstance(loaded, dict) else None
 
 
 def _load(path: str) -> Any:
-    return yaml.safe_load(Path(path).read_text())
+    return load_yaml(Path(path).read_text())
 
 
 def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
@@ -126,7 +127,7 @@ def check_config_files(args: list[str]) -> None:
         if not path.is_file():
             continue  # a missing file is named by jsonargparse's own error; inline YAML is parsed by it
         try:
-            loaded = yaml.safe_load(path.read_bytes().decode("utf-8"))
+            loaded = load_yaml(path.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as err:
             raise UsageError(
                 f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at position {err.start}): save it as UTF-8"

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from jsonargparse import ArgumentError, Namespace
 from jsonargparse._actions import _ActionPrintConfig  # README: private APIs
 from jsonargparse.typing import PositiveInt
@@ -40,13 +39,13 @@ from kiln.cli.from_checkpoint import (
 )
 from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
-from kiln.cli.parser import KilnArgumentParser
+from kiln.cli.parser import KilnArgumentParser, plain_config
 from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
 from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
-from kiln.files import written_whole
+from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, redact_text, secret_values
 from kiln.runs import folders
@@ -134,13 +133,13 @@ class WandbConfigSaver(SaveConfigCallback):
 
         path = Path(trainer.default_root_dir) / self.config_filename  # the run folder, as every logger's
         path.parent.mkdir(parents=True, exist_ok=True)
-        whole = yaml.safe_load(self.parser.dump(self.config, skip_unset=False, skip_validation=True))
+        whole = plain_config(self.parser, self.config, skip_unset=False)
         dumped = copy.deepcopy(whole)  # config.yaml's, made portable in place; W&B gets `whole` (one dump: 0.03 s)
         self.built_from = {key: dumped[key] for key in BUILT_FROM if isinstance(dumped.get(key), dict)}
         if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
             dumped = self.run_paths.portable(dumped)
         with written_whole(path) as partial:
-            partial.write_text(yaml.safe_dump(dumped, sort_keys=False))
+            partial.write_text(dump_yaml(dumped))
         environment = write_environment(path.parent, trainer.datamodule, self.command)  # env.json, code.diff
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
@@ -322,8 +321,7 @@ class KilnCLI(LightningCLI):
         LightningCLI method (README: private APIs relied on)."""
         if hasattr(self, "config_dump"):
             return
-        dumped = self.parser.dump(self.config, skip_link_targets=False, skip_unset=False, skip_validation=True)
-        self.config_dump = yaml.safe_load(dumped)
+        self.config_dump = plain_config(self.parser, self.config, skip_link_targets=False, skip_unset=False)
         if "subcommand" in self.config:
             self.config_dump = self.config_dump[self.config.subcommand]
 

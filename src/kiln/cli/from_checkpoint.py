@@ -21,6 +21,7 @@ from kiln.cli.links import TARGETS, DataLinks, drop_link_targets
 from kiln.cli.moved import rehome_checkpoint
 from kiln.cli.resume_check import flat, init_only, saved_model
 from kiln.errors import UsageError
+from kiln.files import dump_yaml, load_yaml
 from kiln.process.secrets import REDACTED
 from kiln.runs.folders import layout, run_of
 from kiln.training.checkpointing import load_checkpoint_file
@@ -65,7 +66,7 @@ def net_without_init_only(net: Any) -> Any:
 def _run_name(ckpt_path: Path) -> str | None:
     """The experiment name in the run folder's ``config.yaml``: results go beside the run's own."""
     try:
-        run = (yaml.safe_load(layout(run_of(ckpt_path)).config.read_text()) or {}).get("run") or {}
+        run = (load_yaml(layout(run_of(ckpt_path)).config.read_text()) or {}).get("run") or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return run.get("name")
@@ -88,7 +89,7 @@ def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | Non
             config["model"]["init_args"]["net"] = net_without_init_only(config["model"]["init_args"]["net"])
     if config and (name := _run_name(Path(ckpt_path))):
         config["run"] = {"name": name}
-    return yaml.safe_dump(config, sort_keys=False) if config else None
+    return dump_yaml(config) if config else None
 
 
 def weight_shapes(checkpoint: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -136,7 +137,7 @@ def rebuild(ckpt_path: str | Path) -> tuple[Any, Any]:
 
     checkpoint = read_checkpoint(ckpt_path)
     saved = saved_config(checkpoint, "")
-    if saved is None or set(yaml.safe_load(saved)) < {"model", "data"}:
+    if saved is None or set(load_yaml(saved)) < {"model", "data"}:
         raise UsageError(f"{ckpt_path}: not written by `kiln fit` (no model or data config in it)")
     parser = LightningArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(LightningModule, "model", required=True)

@@ -14,6 +14,7 @@ import yaml
 
 from kiln.cli.classes import import_class, parameters
 from kiln.errors import KilnError
+from kiln.files import load_yaml
 
 ENGINE = {"kiln.models.WarmupCosineLR": "kiln.training.schedules.WarmupCosineLR"}
 # kiln's modules that moved into folders by job (a config names their classes: loggers, checkpoint I/O, callbacks)
@@ -38,7 +39,7 @@ def research_packages() -> tuple[str, ...]:
     from kiln.cli import config_dir
 
     try:
-        defaults = yaml.safe_load((config_dir() / "train.yaml").read_text()) or {}
+        defaults = load_yaml((config_dir() / "train.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError, KilnError):  # no readable default config: no research package known
         return ()
     found = [str((defaults.get(key) or {}).get("class_path", "")).split(".")[0] for key in ("model", "data")]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from typing import Any
 
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
 _parse: ContextVar[object | None] = ContextVar("kiln_parse", default=None)  # the outermost parse under way
@@ -38,3 +39,9 @@ class KilnArgumentParser(LightningArgumentParser):
         if self._once is None or self._once[:2] != (parse, skip_validation):
             self._once = (parse, skip_validation, super().get_defaults(skip_validation))
         return self._once[2].clone()
+
+
+def plain_config(parser: ArgumentParser, config: Namespace, **kwargs: Any) -> dict[str, Any]:
+    """The config as plain data, as ``parser.dump`` writes it: through JSON, which Python reads in C (YAML's text
+    took pure-Python PyYAML to write and to read back, twice a command)."""
+    return json.loads(parser.dump(config, format="json", skip_validation=True, **kwargs))

@@ -21,13 +21,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch import Callback
 
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep.inprocess import parse_command, resolved_config
 from kiln.errors import UsageError
-from kiln.files import written_whole
+from kiln.files import dump_yaml, load_yaml, written_whole
 
 
 def parse(args: list[str]) -> tuple[Any, list[str]]:
@@ -145,7 +144,7 @@ def write_results(folder: Path, test: RangeTest, suggestion: float, optimizer: s
               f"# use: kiln fit … -c {folder}/tuned.yaml\n")  # fmt: skip
     tuned = {"model": {"init_args": {"optimizer": {"init_args": {"lr": float(f"{suggestion:.3g}")}}}}}
     with written_whole(folder / "tuned.yaml") as partial:
-        partial.write_text(header + yaml.safe_dump(tuned, sort_keys=False))
+        partial.write_text(header + dump_yaml(tuned))
 
 
 def tune_command(args: list[str]) -> None:
@@ -160,7 +159,7 @@ def tune_command(args: list[str]) -> None:
     if suggestion is None:
         raise UsageError(f"kiln tune lr: no suggestion from {len(test.lrs)} steps (the loss never fell); "
                          "raise --num_training or --max_lr")  # fmt: skip
-    run = (yaml.safe_load(resolved_config(fit_args)) or {}).get("run") or {}  # where the fit would write
+    run = (load_yaml(resolved_config(fit_args)) or {}).get("run") or {}  # where the fit would write
     folder = Path(run.get("root") or "runs") / str(run.get("name") or cli.config.run.name)
     folder = folder / datetime.now().strftime("tune-%Y-%m-%d_%H-%M-%S")
     write_results(folder, test, suggestion, optimizer_name(cli), options.min_lr, options.max_lr)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kiln.errors import UsageError
+from kiln.files import load_yaml
 
 try:
     import fcntl
@@ -297,7 +298,7 @@ def run_partial_data(run_dir: Path) -> str | None:
 
     config = layout(run_dir).config
     try:
-        trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer") if config.is_file() else None
+        trainer = (load_yaml(config.read_text()) or {}).get("trainer") if config.is_file() else None
     except (OSError, yaml.YAMLError):
         return None
     return partial_data(trainer) if isinstance(trainer, dict) else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from kiln.files import written_whole
+from kiln.files import load_yaml, written_whole
 from kiln.process.secrets import REDACTED, is_secret_name, redact
 from kiln.runs.folders import layout
 
@@ -99,7 +99,7 @@ def command_line(argv: list[str]) -> list[str]:
         text = value if equals else arg
         if text[:1] in "{[":  # a dict or list value: its own secret-looking keys
             try:
-                parsed = yaml.safe_load(text)
+                parsed = load_yaml(text)
             except yaml.YAMLError:
                 parsed = None
             hidden = redact(parsed) if isinstance(parsed, dict | list) else parsed

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import (
@@ -33,6 +31,7 @@ from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
 from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, storage_for
 from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
+from kiln.files import dump_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders
 
@@ -236,7 +235,7 @@ def sweep_command(args: list[str]) -> None:
     if options.wandb:
         path = root / sweep.name / "wandb_sweep.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(wandb_config(sweep), sort_keys=False))
+        path.write_text(dump_yaml(wandb_config(sweep)))
         print(f"wrote {path}: `wandb sweep {path}`, then `wandb agent <the sweep id it prints>` on each machine")
         if sweep.pruner == "median":
             print("W&B has no median pruner: its hyperband early termination stops runs from the same epoch on")

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +38,7 @@ from kiln.commands.sweep.inprocess import (
 )
 from kiln.commands.sweep.space import flags
 from kiln.errors import KilnError, NeedsOwnProcess, UsageError
-from kiln.files import written_whole
+from kiln.files import load_yaml, written_whole
 from kiln.process import stop_signals
 from kiln.runs import folders
 from kiln.runs.metrics import run_metrics
@@ -113,7 +112,7 @@ def changed_keys(old: str, new: str, most: int = 3) -> str:
     """``trainer.max_epochs 2 -> 5, …``: the settings that differ between two resolved configs."""
     from kiln.results import UNSET, changed, flat
 
-    before, after = flat(yaml.safe_load(old) or {}), flat(yaml.safe_load(new) or {})
+    before, after = flat(load_yaml(old) or {}), flat(load_yaml(new) or {})
     keys = changed(before, after)
     shown = [f"{k} {before.get(k, UNSET)} -> {after.get(k, UNSET)}" for k in keys[:most]]
     return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")

@@ -8,13 +8,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from kiln.commands.sweep.inprocess import describe
 from kiln.commands.sweep.space import Sweep
-from kiln.files import written_whole
+from kiln.files import dump_yaml, load_yaml, written_whole
 from kiln.runs.folders import layout
 
 
@@ -56,7 +55,7 @@ def best_run(study: Any) -> tuple[Any, Path, dict[str, Any]] | None:
     except ValueError:
         return None
     run_dir = _run_folder(best)
-    return (best, run_dir, yaml.safe_load(layout(run_dir).config.read_text())) if run_dir is not None else None
+    return (best, run_dir, load_yaml(layout(run_dir).config.read_text())) if run_dir is not None else None
 
 
 def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> Path:
@@ -71,7 +70,7 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     path = sweep_dir / "best.yaml"
     header = f"# trial {best.number} of sweep {sweep.name}: {sweep.metric} {best.value:.6g}\n"
     with written_whole(path) as partial:
-        partial.write_text(header + yaml.safe_dump(config, sort_keys=False))
+        partial.write_text(header + dump_yaml(config))
     return path
 
 

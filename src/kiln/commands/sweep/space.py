@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 
 from kiln.errors import UsageError
+from kiln.files import load_yaml
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("median", "none")
@@ -89,7 +90,7 @@ def read_sweep(path: str | Path) -> Sweep:
     """Read and check a sweep file; any mistake is one line naming the file and the key."""
     where = str(path)
     try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
+        raw = load_yaml(Path(path).read_text()) or {}
     except OSError:
         raise UsageError(f"{where}: no such sweep file") from None
     except yaml.YAMLError as err:
