@@ -32,9 +32,9 @@ def _captions(labels: Sequence[str], cell: float) -> tuple[list[str], int]:
 
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:
-    """Images in [0, 1] (N x C x H x W) tiled into one picture (one axes: a grid of axes costs more than
-    the drawing), each under its full label; ``cell`` inches a tile, shown pixel for pixel. Three channels or
-    more: the first three as RGB; one or two: the first, grey."""
+    """Images in [0, 1] (N x C x H x W) tiled into one picture (placed pixel for pixel, with no axes: a grid of
+    axes cost more than the drawing), each under its full label; ``cell`` inches a tile. Three channels or more:
+    the first three as RGB; one or two: the first, grey."""
     import torch.nn.functional as F
     from matplotlib.figure import Figure
 
@@ -46,15 +46,14 @@ def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: fl
     title = round((LINE * lines + 0.06) * DPI)
     tiles = F.interpolate(images.detach().float().cpu().clamp(0, 1), size=(size - 4, size - 4), mode="nearest")
     tiles = tiles[:, :3] if tiles.shape[1] >= 3 else tiles[:, :1].expand(-1, 3, -1, -1)  # 1 or 2: the first, grey
-    canvas = np.ones((rows * (size + title), columns * size, 3), dtype=np.float32)
-    figure = Figure(figsize=(columns * size / DPI, rows * (size + title) / DPI))
-    ax = figure.add_axes((0, 0, 1, 1))
+    height, width = rows * (size + title), columns * size
+    canvas = np.ones((height, width, 3), dtype=np.float32)
+    figure = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
     for i, (tile, caption) in enumerate(zip(tiles, captions, strict=True)):
-        x, y = (i % columns) * size, (i // columns) * (size + title)
+        x, y = (i % columns) * size, (i // columns) * (size + title)  # pixels from the top left
         canvas[y + title + 2 : y + title + size - 2, x + 2 : x + size - 2] = tile.permute(1, 2, 0).numpy()
-        ax.text(x + size / 2, y + title - 2, caption, ha="center", va="bottom", fontsize=7)
-    ax.imshow(canvas, interpolation="nearest", extent=(0, canvas.shape[1], canvas.shape[0], 0))
-    ax.set_axis_off()
+        figure.text((x + size / 2) / width, 1 - (y + title - 2) / height, caption, ha="center", va="bottom", fontsize=7)
+    figure.figimage(canvas, origin="upper")
     return figure
 
 
@@ -104,7 +103,8 @@ def _down(values: np.ndarray, low: float, high: float, top: float, height: float
 def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = "") -> Figure:
     """Counts beside the share of each true class, every count written in its cell (above 20 classes a blank
     cell is 0; above 30 the share is the colour alone) and every class name in full; the figure grows with the
-    number of classes so that text keeps its size."""
+    number of classes so that text keeps its size. Names and numbers are the figure's own text, placed in inches:
+    matplotlib's ticks and axis labels took a third of the drawing."""
     from matplotlib.figure import Figure
 
     counts = matrix.detach().cpu().long().numpy()
@@ -117,24 +117,29 @@ def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = ""
     panel, left, top = max(2.5, 0.42 * k), names + 0.35, 0.55  # 0.35: the axis label; 0.55: the titles
     width, height = 2 * (left + panel) + 0.2, top + panel + below + 0.35
     figure = Figure(figsize=(width, height))  # a fixed layout: matplotlib's constrained one costs more
-    rects = [((left + i * (left + panel)) / width, (below + 0.35) / height, panel / width, panel / height)
-             for i in range(2)]  # fmt: skip
-    panels = zip(rects, (counts, shares), ("counts", "share of the true class"), strict=True)
-    for rect, values, name in panels:
-        ax = figure.add_axes(rect)
+
+    def write(x: float, y: float, text: str, **style: object) -> None:  # at inches from the bottom left
+        figure.text(x / width, y / height, text, **style)  # type: ignore[arg-type]
+
+    cell, y0 = panel / k, below + 0.35
+    for x0, values, name in zip((left, 2 * left + panel), (counts, shares), ("counts", "share of the true class"),
+                                strict=True):  # fmt: skip
+        ax = figure.add_axes((x0 / width, y0 / height, panel / width, panel / height), xticks=[], yticks=[])
         ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+        centre = [(x0 + (i + 0.5) * cell, y0 + panel - (i + 0.5) * cell) for i in range(k)]  # column x, row y
         for i, j in np.argwhere(values > 0) if k > 20 else np.ndindex(k, k):  # many classes: an empty cell is 0
             if values is shares and k > 30:
                 break  # the counts carry the numbers; the colour is the share
             text = f"{values[i, j]:d}" if values is counts else f"{values[i, j]:.2f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=font,
-                    color="white" if shares[i, j] > 0.5 else "black")  # fmt: skip
-        ax.set_xticks(range(k), labels=list(class_names), fontsize=font + 1, rotation=45 if longest > 2 else 0,
-                      ha="right" if longest > 2 else "center", rotation_mode="anchor")  # fmt: skip
-        ax.set_yticks(range(k), labels=list(class_names), fontsize=font + 1)
-        ax.set_xlabel("predicted class")
-        ax.set_ylabel("true class")
-        ax.set_title(name, fontsize=10)
+            write(centre[j][0], centre[i][1], text, ha="center", va="center", fontsize=font,
+                  color="white" if shares[i, j] > 0.5 else "black")  # fmt: skip
+        for (x, y), class_name in zip(centre, class_names, strict=True):
+            write(x, y0 - 0.05, class_name, fontsize=font + 1, va="top", rotation_mode="anchor",
+                  **({"rotation": 45, "ha": "right"} if longest > 2 else {"ha": "center"}))  # fmt: skip
+            write(x0 - 0.05, y, class_name, fontsize=font + 1, ha="right", va="center")
+        write(x0 + panel / 2, 0.08, "predicted class", ha="center", va="bottom")
+        write(x0 - names - 0.1, y0 + panel / 2, "true class", rotation=90, ha="right", va="center")
+        write(x0 + panel / 2, y0 + panel + 0.06, name, fontsize=10, ha="center", va="bottom")
     if title:
         figure.suptitle(title, fontsize=10, y=1 - 0.08 / height, va="top")
     return figure
