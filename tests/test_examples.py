@@ -19,9 +19,12 @@ from kiln import results
 from kiln.commands.boundary import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2",
+SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2",
          "--trainer.limit_test_batches=2", "--trainer.limit_predict_batches=2", "--trainer.logger=false",
          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+# a multirun's and a sweep's runs: what they add is around the runs (seeds, trials, aggregates), not in their steps
+QUICK = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
+         "--trainer.limit_test_batches=1"]  # fmt: skip
 # example -> (its experiment, the columns predictions.csv starts with, what its export takes, its own settings)
 EXAMPLES = {
     "digits": ("digits", ["index", "label", "predicted", "p0"], "float32", []),
@@ -35,7 +38,7 @@ EXAMPLES = {
 class StopAt(Callback):
     """Sends this process a SIGTERM once training reaches ``step``, as a cluster's time limit would."""
 
-    def __init__(self, step: int = 8) -> None:
+    def __init__(self, step: int = 6) -> None:
         self.step = step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: object) -> None:
@@ -62,10 +65,10 @@ def test_every_command_serves_the_example(example: str, tmp_path: Path) -> None:
         main(["fit", *args, "--run.root", str(stopped), "--trainer.callbacks+=test_examples.StopAt"])
     assert stop.value.code == 143
     run = newest(stopped, f"{experiment}/2*")
-    assert last(run)["global_step"] == 8  # epoch 1, batch 2 of 6
+    assert last(run)["global_step"] == 6  # epoch 1, batch 2 of 4
     main(["fit", *args, "--run.root", str(stopped), "--ckpt_path", "last"])
     a, b = last(newest(whole, f"{experiment}/2*")), last(run)
-    assert a["global_step"] == b["global_step"] == 12
+    assert a["global_step"] == b["global_step"] == 8
     assert all(torch.equal(value, b["state_dict"][key]) for key, value in a["state_dict"].items())  # bitwise
 
     checkpoint = run / "checkpoints" / "last.ckpt"  # alone: no config given
@@ -75,10 +78,11 @@ def test_every_command_serves_the_example(example: str, tmp_path: Path) -> None:
         table = list(csv.reader(f))
     assert table[0][: len(columns)] == columns and len(table) > 1
 
-    main(["multirun", "--seeds", "0-1", "--root", str(tmp_path / "multirun"), "--", *args])
+    main(["multirun", "--seeds", "0-1", "--root", str(tmp_path / "multirun"), "--", *args, *QUICK])
     assert len(results.multirun(newest(tmp_path / "multirun", "*"))) > 0
     sweep = tmp_path / "sweep.yaml"
-    sweep.write_text(json.dumps({"name": example, "metric": "val/loss", "n_trials": 2, "args": args, "space": {
+    quick = [*args, *QUICK]
+    sweep.write_text(json.dumps({"name": example, "metric": "val/loss", "n_trials": 2, "args": quick, "space": {
         "model.init_args.optimizer.init_args.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}))  # fmt: skip
     main(["sweep", "-c", str(sweep), "--root", str(tmp_path / "sweeps")])
     assert [t.state.name for t in results.sweep(tmp_path / "sweeps" / example).trials] == ["COMPLETE"] * 2
