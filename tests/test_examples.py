@@ -78,10 +78,10 @@ def test_every_command_serves_the_example(example: str, tmp_path: Path) -> None:
         table = list(csv.reader(f))
     assert table[0][: len(columns)] == columns and len(table) > 1
 
-    main(["multirun", "--seeds", "0-1", "--root", str(tmp_path / "multirun"), "--", *args, *QUICK])
+    quick = [*args, *QUICK]
+    main(["multirun", "--seeds", "0-1", "--root", str(tmp_path / "multirun"), "--", *quick])
     assert len(results.multirun(newest(tmp_path / "multirun", "*"))) > 0
     sweep = tmp_path / "sweep.yaml"
-    quick = [*args, *QUICK]
     sweep.write_text(json.dumps({"name": example, "metric": "val/loss", "n_trials": 2, "args": quick, "space": {
         "model.init_args.optimizer.init_args.lr": {"low": 1e-4, "high": 1e-2, "log": True}}}))  # fmt: skip
     main(["sweep", "-c", str(sweep), "--root", str(tmp_path / "sweeps")])

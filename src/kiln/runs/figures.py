@@ -152,16 +152,16 @@ def texts(figure: Figure) -> list[str]:
     return [" ".join(t.get_text().split("\n")) for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
 
 
-def png(figure: Figure, dpi: int = DPI) -> bytes:
-    """The figure as PNG bytes."""
+def png(figure: Figure) -> bytes:
+    """The figure as PNG bytes, at ``DPI`` (the batch grid's pixels are placed for it, one for one)."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})  # fast: written once a run
+    figure.savefig(buffer, format="png", dpi=DPI, pil_kwargs={"compress_level": 1})  # fast: written once a run
     return buffer.getvalue()
 
 
-def save(figure: Figure, path: Path, dpi: int = DPI) -> bytes:
+def save(figure: Figure, path: Path) -> bytes:
     """Write the figure as a PNG whole or not at all (a full disk leaves no 0-byte file); returns its bytes."""
-    data = png(figure, dpi)
+    data = png(figure)
     path.parent.mkdir(parents=True, exist_ok=True)
     with written_whole(path) as partial:
         partial.write_bytes(data)
