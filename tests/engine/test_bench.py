@@ -23,6 +23,7 @@ def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp
     leftovers = set(Path(tempfile.gettempdir()).glob("kiln-bench-*"))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "W&B: logging stopped" not in done.stderr  # each forked run logs to W&B as a run of its own would
     assert set(Path(tempfile.gettempdir()).glob("kiln-bench-*")) == leftovers  # each run's folder is removed
     (result,) = tmp_path.glob("*.json")
     report = json.loads(result.read_text())
