@@ -28,7 +28,7 @@ def tuned(capsys: pytest.CaptureFixture, *args: str) -> tuple[Path, float]:
 
 
 @pytest.mark.slow
-def test_the_range_test_suggests_a_rate_and_a_fit_after_it_is_the_fit_without_it(
+def test_the_range_test_suggests_a_rate_a_fit_after_it_is_the_fit_without_it_and_8_epochs_at_it_reach_98_percent(
     capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
     folder, rate = tuned(capsys)
@@ -49,6 +49,10 @@ def test_the_range_test_suggests_a_rate_and_a_fit_after_it_is_the_fit_without_it
     assert ours["state_dict"].keys() == theirs["state_dict"].keys()
     assert all(torch.equal(v, theirs["state_dict"][k]) for k, v in ours["state_dict"].items())
 
+    # in 8 of the default experiment's 30 epochs (0.994 measured): a rate that only the full schedule rescues fails
+    cli = build_cli(["fit", "-c", str(folder / "tuned.yaml"), "--trainer.logger", "false", "--trainer.max_epochs", "8"])
+    assert (cli.test_metrics or {})["test/acc"] >= 0.98
+
 
 def test_tune_mistakes_are_one_line(capsys: pytest.CaptureFixture) -> None:
     for args, says in ((["tune"], "say what to tune"), (["tune", "lr", "--min_lr", "1", "--max_lr", "0.1"],
@@ -57,11 +61,3 @@ def test_tune_mistakes_are_one_line(capsys: pytest.CaptureFixture) -> None:
             main(args)
         assert stop.value.code == 2 and says in capsys.readouterr().err
     assert not Path("runs").exists()
-
-
-@pytest.mark.slow
-def test_a_fit_at_the_suggested_rate_reaches_98_percent(capsys: pytest.CaptureFixture) -> None:
-    """In 8 of the default experiment's 30 epochs (0.994 measured): a rate that only the full schedule rescues fails."""
-    folder, _ = tuned(capsys)
-    cli = build_cli(["fit", "-c", str(folder / "tuned.yaml"), "--trainer.logger", "false", "--trainer.max_epochs", "8"])
-    assert (cli.test_metrics or {})["test/acc"] >= 0.98
