@@ -248,22 +248,24 @@ def serves(env: dict[str, str]) -> bool:
 
 
 def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(command, capture_output=True, text=True, ...)``: forked when ``command`` is
-    ``[sys.executable, "-m", "kiln", ...]`` and asks for no more than ``env``, ``cwd``, ``timeout`` and
-    ``start_new_session``; a real process otherwise, or where the environment differs from the server's in a
-    variable outside RUNTIME."""
+    """``subprocess.run(command, capture_output=True, text=True, ...)``, or with ``stdout=PIPE, stderr=STDOUT``
+    (one stream, as a console shows both): forked when ``command`` is ``[sys.executable, "-m", "kiln", ...]`` and
+    asks for no more than ``env``, ``cwd``, ``timeout`` and ``start_new_session``; a real process otherwise, or
+    where the environment differs from the server's in a variable outside RUNTIME."""
     env = dict(os.environ if options.get("env") is None else options["env"])
-    captured, text = options.pop("capture_output", False), options.pop("text", False)
-    forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and text and set(options) <= FORKABLE
+    merged = options.get("stdout") == subprocess.PIPE and options.get("stderr") == subprocess.STDOUT
+    asked = {k: options.pop(k) for k in ("capture_output", "text", "stdout", "stderr") if k in options}
+    captured = (asked.get("capture_output", False) or merged) and asked.get("text")
+    forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and set(options) <= FORKABLE
     if not forkable:
-        return subprocess.run(command, capture_output=captured, text=text, **options)
+        return subprocess.run(command, **asked, **options)
     cwd, timeout = str(options.get("cwd") or os.getcwd()), options.get("timeout")
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         request = {"args": command[3:], "env": env, "cwd": cwd, "new_session": options.get("start_new_session", False)}
-        connection, replies, reply = _ask(request, [out.fileno(), err.fileno()])
+        connection, replies, reply = _ask(request, [out.fileno(), (out if merged else err).fileno()])
         if "pid" not in reply:
             connection.close()
-            return subprocess.run(command, capture_output=captured, text=text, **options)
+            return subprocess.run(command, **asked, **options)
         connection.settimeout(timeout)
         try:
             code = json.loads(replies.readline())["code"]
@@ -275,7 +277,7 @@ def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    return subprocess.CompletedProcess(command, code, stdout, stderr)
+    return subprocess.CompletedProcess(command, code, stdout, None if merged else stderr)
 
 
 def run_together(commands: list[list[str]], **options: Any) -> list[subprocess.CompletedProcess[str]]:

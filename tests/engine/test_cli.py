@@ -43,17 +43,12 @@ def test_fit_fills_one_run_folder_and_prints_summary(
 
 @pytest.mark.slow
 def test_summary_names_metrics_checkpoint_folder_and_sync_and_ends_the_console(tmp_path: Path) -> None:
-    # a real console: W&B prints its history as it closes, from its own process, on the same terminal
+    # one console for both streams: W&B prints its history as it closes, from its own process, on the same one
     (tmp_path / "srun").write_text("#!/bin/sh\n")  # a machine with SLURM installed: Lightning hinted at srun twice
     (tmp_path / "srun").chmod(0o755)
     env = {**os.environ, "WANDB_MODE": "offline", "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "kiln", "fit", *LIMIT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    done = forkserver.run([sys.executable, "-m", "kiln", "fit", *LIMIT], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:]
     (run_dir,) = run_dirs()
     out = done.stdout
@@ -181,9 +176,10 @@ def test_missing_data_exits_one_line_and_leaves_no_run_folder(capsys: pytest.Cap
 @pytest.mark.slow
 def test_module_entry_point_help_and_exit_code(tmp_path: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    done = subprocess.run([sys.executable, "-m", "kiln", "fit", "--help"], capture_output=True, text=True, env=env)
+    # forked from the preloaded test server, as `python -m kiln` (a real interpreter starts it in
+    # test_a_run_prints_about_30_lines_and_keeps_the_rest_in_console_log)
+    done = forkserver.run([sys.executable, "-m", "kiln", "fit", "--help"], capture_output=True, text=True, env=env)
     assert done.returncode == 0 and "--trainer.max_epochs" in done.stdout and "--run.name" in done.stdout
-    # the same entry point, forked from the preloaded test server: a second interpreter's imports would add nothing
     bad = forkserver.run([sys.executable, "-m", "kiln", "fit", "--nope", "1"], capture_output=True, text=True, env=env)
     assert bad.returncode != 0 and "nope" in bad.stderr
 

@@ -20,5 +20,7 @@ def test_a_forked_kiln_command_prints_and_exits_as_a_real_process_and_an_import_
     real = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
     assert forked.returncode == 2 and forked.stderr.startswith("error: --nope"), forked.stderr
+    merged = forkserver.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    assert (merged.returncode, merged.stdout, merged.stderr) == (2, real.stdout + real.stderr, None)  # one stream
     assert forkserver.serves(dict(os.environ))  # it was forked
     assert not forkserver.serves({**os.environ, "TORCH_LOGS": "+dynamo"})  # read as torch imports: a real process
