@@ -45,6 +45,7 @@ def test_model_built_in_python_stores_no_objects_in_hparams(tmp_path: Path) -> N
     model = Classifier(net=SmallCNN(), num_classes=10)
     assert "net" not in model.hparams and "optimizer" not in model.hparams
     assert model.hparams["num_classes"] == 10
+    assert model.hparams_initial == model.hparams  # what loggers record: a copy of the network was kept there
 
 
 def test_predict_step_returns_probabilities() -> None:

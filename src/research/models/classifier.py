@@ -66,8 +66,9 @@ class Classifier(LightningModule):
         with warnings.catch_warnings():  # Lightning warns about `net` objects, which are dropped just below
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
             self.save_hyperparameters(frame=inspect.currentframe())  # passed, never stored: no reference cycle
-        for key in [k for k, v in self.hparams.items() if callable(v)]:
-            del self.hparams[key]
+            objects = [k for k, v in self.hparams.items() if callable(v)]  # built in Python, not configs
+            if objects:  # saved again without them: hparams_initial (what loggers record) kept a deep copy of each
+                self.save_hyperparameters(self.hparams, ignore=objects)
         self.net = net
         self.num_classes = num_classes
         self.optimizer_factory = optimizer
