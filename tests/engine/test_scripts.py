@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import forkserver
 import pytest
 from helpers import PROBES
 
@@ -226,11 +228,15 @@ def test_lightnings_own_two_node_launch_with_a_job_id_trains_into_one_run_folder
            "KILN_JOB_ID": "two"}  # fmt: skip
     command = ["kiln", "fit", "-c", str(SCRIPTS.parent / "configs" / "trainer" / "ddp_cpu.yaml"), "--trainer.devices",
                "1", "--trainer.num_nodes", "2", "--data.num_workers", "0", *LIMIT]  # fmt: skip
-    nodes = [subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, env={**env, "NODE_RANK": str(rank)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]  # fmt: skip
-    errors = [node.communicate(timeout=300)[1] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+
+    def node(rank: int) -> subprocess.CompletedProcess[str]:  # forked from the tests' preloaded server
+        return forkserver.run([sys.executable, "-m", *command], cwd=tmp_path, env={**env, "NODE_RANK": str(rank)},
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:  # both nodes at once: each waits for the other to join
+        nodes = list(pool.map(node, (0, 1)))
+    errors = [done.stderr for done in nodes]
+    assert [done.returncode for done in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     assert [p.name for p in (tmp_path / "runs" / "digits").iterdir()] == ["job-two"]  # no stray folder
     assert json.loads((tmp_path / "runs" / "digits" / "job-two" / "status.json").read_text())["status"] == "finished"
 
