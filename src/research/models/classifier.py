@@ -68,7 +68,7 @@ class Classifier(LightningModule):
             self.save_hyperparameters(frame=inspect.currentframe())  # passed, never stored: no reference cycle
             objects = [k for k, v in self.hparams.items() if callable(v)]  # built in Python, not configs
             if objects:  # saved again without them: hparams_initial (what loggers record) kept a deep copy of each
-                self.save_hyperparameters(self.hparams, ignore=objects)
+                self.save_hyperparameters(self.hparams, ignore=objects, frame=inspect.currentframe())
         self.net = net
         self.num_classes = num_classes
         self.optimizer_factory = optimizer
