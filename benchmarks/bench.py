@@ -380,7 +380,9 @@ def forked(argv: list[str]) -> dict[str, float]:
     pid = os.fork()
     if pid == 0:  # leaves by SystemExit through Python's own exit, which runs W&B's and the run folder's handlers
         os.close(read)
-        _leave_wandbs_folders()
+        from kiln.wandb.forked import leave_temporary_folders_to_parent
+
+        leave_temporary_folders_to_parent()  # this driver's W&B folders: it removes them as it ends
         with os.fdopen(write, "w") as out:
             out.write(json.dumps(measure_once(parser().parse_args(argv))))
         raise SystemExit(0)
@@ -390,18 +392,6 @@ def forked(argv: list[str]) -> dict[str, float]:
     if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
         raise RuntimeError(f"{' '.join(argv)} failed (its error is above)")
     return json.loads(printed)
-
-
-def _leave_wandbs_folders() -> None:
-    """W&B makes two temporary folders as it is imported and removes them as the process ends: here the driver's,
-    shared by the processes forked from it. The first to end removed them, and each later run's W&B stopped at its
-    first picture ("W&B: logging stopped"); the driver removes them as it ends."""
-    from wandb.sdk.artifacts.artifact import Artifact
-    from wandb.sdk.data_types import _private
-
-    for folder in (_private.MEDIA_TMP, Artifact._TMP_DIR):
-        atexit.unregister(folder.cleanup)
-        folder._finalizer.detach()  # type: ignore[attr-defined]
 
 
 def one(kind: str, workload: str, small: bool, settings: list[str]) -> dict[str, float]:

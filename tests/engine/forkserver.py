@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kiln.wandb.forked import leave_temporary_folders_to_parent
+
 # a W&B run's start imports W&B's launch inputs (1.7 CPU-s, pandas with them); a sweep on a database storage imports
 # alembic and SQLAlchemy (0.6); a fit imports kiln's and the research package's modules and what they use (0.1-0.25
 # s; they read no environment variable as they import): each forked command that needed them imported them again
@@ -116,7 +118,7 @@ def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, b
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    _leave_the_servers_folders()
+    leave_temporary_folders_to_parent()  # the server removes W&B's as it ends
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -138,18 +140,6 @@ def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, b
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
-
-
-def _leave_the_servers_folders() -> None:
-    """W&B makes two temporary folders as it is imported and removes them as the process ends: the server's,
-    shared by its children. A child leaves them (the first one to end removed them under every other's files);
-    the server removes them as it ends."""
-    from wandb.sdk.artifacts.artifact import Artifact
-    from wandb.sdk.data_types import _private
-
-    for folder in (_private.MEDIA_TMP, Artifact._TMP_DIR):
-        atexit.unregister(folder.cleanup)
-        folder._finalizer.detach()  # type: ignore[attr-defined]
 
 
 class _Server:
