@@ -234,7 +234,7 @@ def test_a_full_disk_under_w_and_b_stops_w_and_b_in_one_line_and_the_run_goes_on
         pytest.skip("needs unshare to mount a small filesystem")
     small = tmp_path / "wandb-disk"  # 16 KiB for W&B's files; the run folder on the ordinary disk
     small.mkdir()
-    kiln = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false",
+    kiln = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.enable_progress_bar", "false",
             "--trainer.logger.init_args.save_dir", str(small), "--run.root", str(tmp_path / "runs")]  # fmt: skip
     script = f"mount -t tmpfs -o size=16k tmpfs {small} && {shlex.join(kiln)}"
     env = {**os.environ, "WANDB_MODE": "offline"}
