@@ -50,6 +50,7 @@ CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512",
              "--data.num_workers", "4"]  # fmt: skip
 GPU_BATCH = 512  # cifar_gpu's batch size (`--batch-size` changes it for every kind)
 SMOKE_SAMPLES = SMOKE_BATCH = 32  # `--smoke`: cifar_gpu's training set and batch, one batch an epoch
+SMOKE_SIZE = 8  # `--smoke`: image height and width (bf16 on a CPU without bf16 instructions: 32x32 took 2.5 s a step)
 DEFAULT_COMPILE_MODE = "default"  # cifar_gpu's optimised kinds (`--compile-mode`; benchmarks/README.md)
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation
@@ -74,7 +75,8 @@ def fast_args(compile_mode: str, small: bool) -> list[str]:
 def smoke(args: list[str]) -> list[str]:
     """`--smoke`: the same code paths, tiny and on the CPU, to check the benchmark itself runs."""
     swap = {"50000": str(SMOKE_SAMPLES), str(GPU_BATCH): str(SMOKE_BATCH), "gpu": "cpu", "4": "0"}
-    return [swap.get(a, a) for a in args]
+    synthetic = "kiln.data.SyntheticDataModule" in args  # the raw loops' images are as small
+    return [*(swap.get(a, a) for a in args), *(["--data.size", str(SMOKE_SIZE)] if synthetic else [])]
 
 
 def with_batch_size(args: list[str], batch_size: int) -> list[str]:
@@ -83,11 +85,12 @@ def with_batch_size(args: list[str], batch_size: int) -> list[str]:
     return [*args[:at], str(batch_size), *args[at + 1 :]]
 
 
-def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int]:
-    """cifar_gpu's network, training-set size and batch size (tiny and on the CPU for ``--smoke``)."""
+def gpu_net(small: bool) -> tuple[torch.nn.Module, int, int, int]:
+    """cifar_gpu's network, training-set size, batch size and image size (tiny and on the CPU for ``--smoke``)."""
     from research.nets import ResNet
 
-    return ResNet(in_channels=3, num_classes=10), *((SMOKE_SAMPLES, SMOKE_BATCH) if small else (50000, GPU_BATCH))
+    sizes = (SMOKE_SAMPLES, SMOKE_BATCH, SMOKE_SIZE) if small else (50000, GPU_BATCH, 32)
+    return ResNet(in_channels=3, num_classes=10), *sizes
 
 
 def peak_rss_mb() -> float:
@@ -133,11 +136,11 @@ def run_raw(
             data.setup("fit")
             train_set, val_set = data.train_set, data.val_set  # type: ignore[assignment]
     else:
-        net, n, batch_size = gpu_net(small)
+        net, n, batch_size, size = gpu_net(small)
         if workload == "resnet":
             n, batch_size = 2560, 128
         g = torch.Generator().manual_seed(0)
-        images = torch.randint(0, 256, (n + n // 10, 3, 32, 32), generator=g, dtype=torch.uint8).float().div(255)
+        images = torch.randint(0, 256, (n + n // 10, 3, size, size), generator=g, dtype=torch.uint8).float().div(255)
         labels = torch.randint(0, 10, (n + n // 10,), generator=g)
         train_set, val_set = TensorDataset(images[:n], labels[:n]), TensorDataset(images[n:], labels[n:])
     workers = 4 if device.type == "cuda" else 0
@@ -221,14 +224,14 @@ def run_ceiling(
 
     torch.manual_seed(42)
     device = torch.device("cpu" if small else "cuda")
-    net, n, batch_size = gpu_net(small)
+    net, n, batch_size, size = gpu_net(small)
     net = net.to(device).to(memory_format=torch.channels_last)
     compiled = not small and compile_mode != "none"
     model = torch.compile(net, mode=compile_mode) if compiled else net
     optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01, fused=True)
     g = torch.Generator().manual_seed(0)  # a few distinct batches, normalised as the template's
     batches = [
-        (((torch.randint(0, 256, (batch_size, 3, 32, 32), generator=g).float() / 255 - 0.5) / 0.29).to(device)
+        (((torch.randint(0, 256, (batch_size, 3, size, size), generator=g).float() / 255 - 0.5) / 0.29).to(device)
          .contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (batch_size,), generator=g).to(device))
         for _ in range(8)
     ]  # fmt: skip
