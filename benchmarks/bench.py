@@ -50,7 +50,7 @@ CIFAR_GPU = [*RESNET, "--data.num_samples", "50000", "--data.batch_size", "512",
              "--data.num_workers", "4"]  # fmt: skip
 GPU_BATCH = 512  # cifar_gpu's batch size (`--batch-size` changes it for every kind)
 SMOKE_SAMPLES = SMOKE_BATCH = 32  # `--smoke`: cifar_gpu's training set and batch, one batch an epoch
-SMOKE_SIZE = 8  # `--smoke`: image height and width (bf16 on a CPU without bf16 instructions: 32x32 took 2.5 s a step)
+SMOKE_SIZE = 8  # `--smoke`: image height and width (bf16 kinds on a CPU without bf16 instructions: benchmarks/README)
 DEFAULT_COMPILE_MODE = "default"  # cifar_gpu's optimised kinds (`--compile-mode`; benchmarks/README.md)
 WORKLOADS: dict[str, tuple[list[str], int]] = {
     "default": ([], 10),  # digits, SmallCNN, batch 64, AdamW + warm-up/cosine, augmentation

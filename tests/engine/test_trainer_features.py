@@ -65,7 +65,7 @@ def test_gradient_clipping_bounds_the_norm_the_optimizer_sees() -> None:
 
 
 def test_bf16_mixed_runs_matmuls_in_bf16_and_still_learns() -> None:
-    # 30 steps (bf16 on a CPU without bf16 instructions: ~0.3 s a step); chance is 0.1 and 30 steps reach ~0.7
+    # few steps: bf16 is slow on a CPU without bf16 instructions (benchmarks/README.md); chance is 0.1
     args = ["--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "15"]
     cli = build_cli([*args, "--trainer.logger", "false"], run=False)
     dtypes: set[torch.dtype] = set()
