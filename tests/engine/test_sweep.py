@@ -187,6 +187,8 @@ def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_
     assert first.returncode == 143, first.stderr[-2000:]  # was 0: the driver went on to trial 1
     assert "SIGTERM: kiln sweep stopped between trials" in first.stderr
     assert states(study(tmp_path)) == ["COMPLETE"]  # the trial that trained to its end counts, and is not failed
+    if probe == "SignalAsItExits":
+        return  # what the rerun shows after a stop between trials, fit_end shows (each trial: a fresh interpreter)
     second = forkserver.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert second.returncode == 0, second.stderr[-2000:]
     assert states(study(tmp_path)) == ["COMPLETE"] * 2
