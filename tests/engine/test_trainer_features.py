@@ -64,6 +64,7 @@ def test_gradient_clipping_bounds_the_norm_the_optimizer_sees() -> None:
     assert seen == pytest.approx([clip] * 5, rel=1e-4)  # norm clipping rescales to exactly the bound
 
 
+@pytest.mark.slow
 def test_bf16_mixed_runs_matmuls_in_bf16_and_still_learns() -> None:
     # few steps: bf16 is slow on a CPU without bf16 instructions (benchmarks/README.md); chance is 0.1
     args = ["--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "15"]
