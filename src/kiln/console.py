@@ -29,6 +29,9 @@ DEPENDENCY_WARNINGS = [
     (UserWarning, r"Using `DistributedSampler` with the dataloaders", r"lightning\.pytorch\.trainer",
      "printed for every padded or unpadded evaluation set under DDP; kiln.callbacks.RunMetrics says in one line "
      "when samples are repeated, how many, and how to count each once (kiln.data.EvaluationShard)"),
+    (UserWarning, r"Couldn't infer the batch indices fetched from your dataloader: `DeviceLoader`",
+     r"lightning\.pytorch\.loops\.prediction_loop",
+     "on every predict of on-device data: kiln.callbacks.PredictionWriter numbers its rows from the loader's order"),
     (UserWarning, r"You're resuming from a checkpoint that ended before the epoch ended",
      r"lightning\.pytorch\.loops\.training_epoch_loop",
      "on every mid-epoch resume: kiln's datamodules resume their loaders at the saved sample (ExactResume), and kiln "

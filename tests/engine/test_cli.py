@@ -15,6 +15,7 @@ import torch
 from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln import results
+from kiln.callbacks.predictions import merged_line
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.errors import UsageError
@@ -135,6 +136,26 @@ def test_predict_writes_probabilities_to_run_folder(on_device: bool, capsys: pyt
     assert sum(probs) == pytest.approx(1.0, abs=1e-4)
     assert int(rows[0]["predicted"]) == max(range(10), key=probs.__getitem__)
     assert [int(r["index"]) for r in rows] == list(range(359))  # the test split, in order
+
+
+def test_rank_files_merge_in_dataset_order_each_sample_once_or_rank_by_rank_and_an_unseen_one_is_named(
+    tmp_path: Path,
+) -> None:
+    """What rank 0 does with the ranks' predictions under DDP (the whole command: test_trainer_features.py)."""
+    path = tmp_path / "predictions.csv"
+    write = lambda name, rows: (tmp_path / name).write_text("".join(f"{r}\n" for r in ["index,p", *rows]))  # noqa: E731
+    write("predictions.csv", ["0,a", "2,c", "4,e"])
+    write("predictions-rank1.csv", ["1,b", "3,d"])
+    write("predictions-rank2.csv", ["4,e"])  # a padded repeat on another rank
+    assert merged_line(path, 3, 3) == f"predictions: {path} (5 rows from 3 of 3 ranks, in dataset order)"
+    assert path.read_text().split() == ["index,p", "0,a", "1,b", "2,c", "3,d", "4,e"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.csv"]
+    write("predictions.csv", [",a", ",c"])  # an iterable loader under DDP: no dataset index
+    write("predictions-rank1.csv", [",b"])
+    line = merged_line(path, 3, 2)
+    assert line == (f"predictions: {path} (3 rows from 2 of 3 ranks; the loader gives no dataset index: rank by rank); "
+                    "not on this disk: predictions-rank2.csv (written on their ranks' machines)")  # fmt: skip
+    assert path.read_text().split() == ["index,p", ",a", ",c", ",b"]
 
 
 @pytest.mark.parametrize(

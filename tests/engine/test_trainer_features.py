@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import os
 import sys
@@ -129,6 +130,26 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
                        "--run.root", str(tmp_path / "alone")])  # fmt: skip
     for metric in ("test/acc", "test/loss"):
         assert ddp_test["metrics"][metric] == pytest.approx(float(alone.trainer.callback_metrics[metric]), abs=1e-6)
+    # predict on 2 ranks, on-device data: each rank predicts its half (it predicted all 359 on both), rank 0 merges
+    # them into one predictions.csv in dataset order (it held rank 0's 180 rows and said "180 rows")
+    predict = [sys.executable, "-m", "kiln", "predict", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), "--ckpt_path",
+               str(run_dir / "checkpoints" / "last.ckpt"), "--data.on_device", "true", "--trainer.logger", "false",
+               "--run.root", str(tmp_path / "runs")]  # fmt: skip
+    predicted = forkserver.run(predict, capture_output=True, text=True, env=env, timeout=400)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    (ddp_dir,) = (tmp_path / "runs" / "digits").glob("predict-*")
+    assert f"predictions: {ddp_dir / 'predictions.csv'} (359 rows from 2 of 2 ranks, in dataset order)" in (
+        predicted.stderr.splitlines())  # fmt: skip
+    assert sorted(p.name for p in ddp_dir.glob("*.csv")) == ["predictions.csv"]  # no rank file left
+    alone.trainer.predict(alone.model, datamodule=alone.datamodule)  # one process, the DataLoader path
+    with (
+        (ddp_dir / "predictions.csv").open() as f,
+        (Path(alone.trainer.default_root_dir) / "predictions.csv").open() as g,
+    ):
+        ddp_rows, rows = list(csv.DictReader(f)), list(csv.DictReader(g))
+    assert [r["index"] for r in ddp_rows] == [r["index"] for r in rows] == [str(i) for i in range(359)]
+    assert [r["predicted"] for r in ddp_rows] == [r["predicted"] for r in rows]
+    assert [float(r["p3"]) for r in ddp_rows] == pytest.approx([float(r["p3"]) for r in rows], abs=1e-5)
 
 
 @pytest.mark.slow

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+import heapq
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
+from torch.utils.data import DistributedSampler
 
 from kiln.errors import UsageError
 from kiln.training.contracts import WritesPredictions, declared_classes, declared_names
@@ -72,12 +74,13 @@ class PredictionWriter(BasePredictionWriter):
     prediction per class) label, predicted class index and name, probabilities, or for anything else the
     target and the prediction, a column per value (``prediction``, or ``prediction_0``, ``prediction_1``, …).
 
-    Rows are written batch by batch, so memory stays flat and DDP ranks each write their own file
-    (``predictions.csv`` on rank 0, ``predictions-rank<N>.csv`` on the others).
+    Rows are written batch by batch, so memory stays flat. Under DDP each rank writes its share, then rank 0 merges
+    them into one file in dataset order (each sample once); a rank file rank 0 cannot see (another machine's disk)
+    stays as ``predictions-rank<N>.csv``, and the last line says so.
 
     Args:
         output_dir: Folder of the CSV; ``None`` means the run folder (``trainer.default_root_dir``).
-        filename: Name of rank 0's file.
+        filename: Name of the CSV.
     """
 
     def __init__(self, output_dir: str | None = None, filename: str = "predictions.csv") -> None:
@@ -90,12 +93,14 @@ class PredictionWriter(BasePredictionWriter):
         self._writer: Any = None
         self._rows = 0  # rows written: the dataset index where Lightning knows none
         self._paths: list[Any] | None = None  # the predicted dataset's files, if it reads files
+        self._order: list[int] | None = None  # this rank's dataset indices in order, where its sampler says them
+        self._ranks = 1
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         folder = Path(self.output_dir or trainer.default_root_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        rank = trainer.global_rank
-        name = self.filename if rank == 0 else self.filename.replace(".csv", f"-rank{rank}.csv")
+        rank, self._ranks = trainer.global_rank, trainer.world_size
+        name = self.filename if rank == 0 else rank_file(self.filename, rank)
         self.path = folder / name
         self._partial = folder / f".{name}.partial"  # renamed when complete: never a half-written file
         self._file = self._partial.open("w", newline="")
@@ -103,6 +108,8 @@ class PredictionWriter(BasePredictionWriter):
         self._rows = 0
         loaders = trainer.predict_dataloaders
         self._paths = getattr(getattr(loaders, "dataset", None), "paths", None)
+        sampler = getattr(loaders, "sampler", None)  # an on-device loader's EvaluationShard under DDP
+        self._order = list(sampler) if isinstance(sampler, DistributedSampler) and not sampler.shuffle else None
 
     def write_on_batch_end(
         self,
@@ -119,24 +126,97 @@ class PredictionWriter(BasePredictionWriter):
         if self._file is not None and self._file.tell() == 0:
             path = ["path"] if self._paths is not None else []
             self._writer.writerow(["index", *path, *columns])
-        # Lightning gives indices for DataLoaders only; prediction order is never shuffled, so the
-        # running count is the dataset index for other iterables (the on-device path)
-        indices = list(batch_indices) if batch_indices else list(range(self._rows, self._rows + n))
+        indices = self._indices(batch_indices, n)
         self._rows += n
         for i, index in enumerate(indices):
-            path = [str(self._paths[index])] if self._paths is not None else []
+            path = [str(self._paths[index])] if self._paths is not None and index != "" else []
             self._writer.writerow([index, *path, *(values[i] for values in columns.values())])
 
+    def _indices(self, batch_indices: Any, n: int) -> list[Any]:
+        """Dataset indices of a batch: Lightning's (DataLoaders), else the sampler's order, else (one process,
+        prediction order is never shuffled) the running count; under DDP without either, none ("")."""
+        if batch_indices:
+            return list(batch_indices)
+        if self._order is not None:
+            return self._order[self._rows : self._rows + n]
+        return list(range(self._rows, self._rows + n)) if self._ranks == 1 else [""] * n
+
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            self._partial.replace(self.path or self._partial)
-            if trainer.is_global_zero:
-                print(f"predictions: {self.path} ({self._rows} rows)", file=sys.stderr)
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        self._partial.replace(self.path or self._partial)
+        if self._ranks > 1:
+            trainer.strategy.barrier()  # every rank's file complete before rank 0 reads them
+        if trainer.is_global_zero and self.path is not None:
+            print(merged_line(self.path, self._ranks, self._rows), file=sys.stderr)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._file is not None:  # stopped or failed mid-way: no partial predictions.csv stays behind
             self._file.close()
             self._file = None
             self._partial.unlink(missing_ok=True)
+
+
+def rank_file(filename: str, rank: int) -> str:
+    return filename.replace(".csv", f"-rank{rank}.csv")
+
+
+def merged_line(path: Path, ranks: int, rows: int) -> str:
+    """Rank 0's line: its file alone, or every rank's merged into it (what cannot be seen named)."""
+    if ranks == 1:
+        return f"predictions: {path} ({rows} rows)"
+    parts = [path.with_name(rank_file(path.name, r)) for r in range(1, ranks)]
+    seen = [p for p in parts if p.exists()]
+    merged, ordered = merge_rank_files(path, seen)
+    for part in seen:
+        part.unlink()
+    line = f"predictions: {path} ({merged} rows from {len(seen) + 1} of {ranks} ranks"
+    line += ", in dataset order)" if ordered else "; the loader gives no dataset index: rank by rank)"
+    missing = [p.name for p in parts if p not in seen]
+    return line + (f"; not on this disk: {', '.join(missing)} (written on their ranks' machines)" if missing else "")
+
+
+def merge_rank_files(path: Path, parts: list[Path]) -> tuple[int, bool]:
+    """Merge rank 0's file and ``parts`` into ``path``: by dataset index (each in index order; a sample written
+    twice, as a padded sampler repeats it, once), or rank by rank where rows have no index. Returns (rows, ordered)."""
+    files = [p.open(newline="") for p in [path, *parts]]
+    try:
+        readers = [csv.reader(f) for f in files]
+        headers = [next(r, None) for r in readers]
+        firsts = [next(r, None) for r in readers]
+        tables = [_rows(first, reader) for first, reader in zip(firsts, readers, strict=True)]
+        ordered = all(first is None or first[0] != "" for first in firsts)
+        rows: Iterator[list[str]] = _once(heapq.merge(*tables, key=lambda row: int(row[0]))) if ordered else (
+            row for table in tables for row in table)  # fmt: skip
+        partial = path.with_name(f".{path.name}.merged.partial")
+        count = 0
+        with partial.open("w", newline="") as out:
+            writer = csv.writer(out)
+            header = next((h for h in headers if h), None)
+            if header is not None:  # no rank predicted anything: an empty file, as one process writes it
+                writer.writerow(header)
+            for row in rows:
+                writer.writerow(row)
+                count += 1
+        partial.replace(path)
+        return count, ordered
+    finally:
+        for f in files:
+            f.close()
+
+
+def _rows(first: list[str] | None, rest: Iterator[list[str]]) -> Iterator[list[str]]:
+    if first is not None:
+        yield first
+        yield from rest
+
+
+def _once(rows: Iterator[list[str]]) -> Iterator[list[str]]:
+    """Rows in index order, a repeated index (a padded sampler's repeat: the same sample) kept once."""
+    last = None
+    for row in rows:
+        if row[0] != last:
+            yield row
+        last = row[0]

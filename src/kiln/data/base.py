@@ -376,13 +376,13 @@ class TensorDataModule(LightningDataModule):
                 epoch, samples = self.resume_position
                 sampler.set_epoch(epoch)
                 sampler.skip, self.resume_position = samples, None
-        if self.on_device:
-            return self._device_loader(dataset, sampler)
-        if isinstance(dataset, InMemoryDataset) and self.num_workers == 0:
-            quiet_worker_hint()
         shard = None
         if not train and trainer is not None and trainer.world_size > 1:  # every sample once, never a padded repeat
             shard = EvaluationShard(dataset, trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
+        if self.on_device:
+            return self._device_loader(dataset, sampler or shard, train)
+        if isinstance(dataset, InMemoryDataset) and self.num_workers == 0:
+            quiet_worker_hint()
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
@@ -419,7 +419,9 @@ class TensorDataModule(LightningDataModule):
             check_labels(labels, self.num_classes, f"{stage} batch {count} of epoch {epoch}")
         return batch
 
-    def _device_loader(self, dataset: Dataset, sampler: ResumableSampler | None) -> DeviceLoader:
+    def _device_loader(
+        self, dataset: Dataset, sampler: ResumableSampler | EvaluationShard | None, train: bool
+    ) -> DeviceLoader:
         if not isinstance(dataset, InMemoryDataset):
             raise ConfigError(
                 f"data.on_device: {type(self).__name__} reads {type(dataset).__name__} samples, not tensors in memory: "
@@ -435,12 +437,12 @@ class TensorDataModule(LightningDataModule):
             self._device_copies[id(dataset)] = (dataset.inputs.to(device), dataset.targets.to(device))
         inputs, targets = self._device_copies[id(dataset)]
         augment = None
-        if sampler is not None:  # training
+        if train:
             augment = self.batch_augment if self.batch_augment is not None else self.default_batch_augment()
         return DeviceLoader(
             inputs,
             targets,
-            self.batch_size if sampler is not None else self.eval_batch_size,
+            self.batch_size if train else self.eval_batch_size,
             self.mean,
             self.std,
             sampler=sampler,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kiln.data.sampling import ResumableSampler
+from kiln.data.sampling import EvaluationShard, ResumableSampler
 from kiln.errors import ConfigError, DeviceMemoryError
 
 
@@ -148,7 +148,8 @@ class DeviceLoader:
         batch_size: Samples per batch (the last batch may be smaller).
         mean: Normalisation mean (one value, or one per channel or feature; see ``stats_view``).
         std: Normalisation std, given like ``mean``.
-        sampler: Training order (shuffled, split over ranks, resumable); ``None`` keeps dataset order.
+        sampler: Training order (shuffled, split over ranks, resumable), or under DDP an evaluation set's share
+            of this rank (``EvaluationShard``); ``None`` keeps dataset order.
         augment: Batch augmentation called as ``augment(images, generator)``; ``None`` for none.
         seed: Seed of the augmentation.
     """
@@ -160,7 +161,7 @@ class DeviceLoader:
         batch_size: int,
         mean: Sequence[float],
         std: Sequence[float],
-        sampler: ResumableSampler | None = None,
+        sampler: ResumableSampler | EvaluationShard | None = None,
         augment: nn.Module | None = None,
         seed: int = 0,
     ) -> None:
@@ -179,6 +180,8 @@ class DeviceLoader:
         epoch, first_batch = 0, 0
         if self.sampler is None:
             order = torch.arange(len(self.targets), device=self.inputs.device)
+        elif isinstance(self.sampler, EvaluationShard):
+            order = torch.tensor(list(self.sampler), dtype=torch.long).to(self.inputs.device)
         else:
             skipped = self.sampler.skip  # consumed by iterating the sampler; batches stay aligned
             keys = list(self.sampler)
