@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import random
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -260,7 +261,9 @@ class TensorDataModule(LightningDataModule):
         # under the CLI, its config of the data: a checkpoint rebuilds it. The frame is passed, never stored:
         # Lightning's own lookup (and a local variable) keeps it in a reference cycle, which would hold this
         # module and its loaders' worker processes until a garbage collection, whose shutdown of them stalls
-        self.save_hyperparameters(logger=False, frame=inspect.currentframe())
+        with warnings.catch_warnings():  # Lightning's advice on `nn.Module`s is a LightningModule's; dropped below
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
+            self.save_hyperparameters(logger=False, frame=inspect.currentframe())
         for key in [k for k, v in self.hparams.items() if _built(v)]:
             del self.hparams[key]  # objects built in Python (a notebook's transforms): not a config
         if num_folds is not None and not (num_folds >= 2 and fold < num_folds):
