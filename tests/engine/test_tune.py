@@ -11,7 +11,7 @@ import forkserver
 import pytest
 import torch
 import yaml
-from helpers import LIMIT
+from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -55,8 +55,11 @@ def test_the_range_test_suggests_a_rate_a_fit_after_it_is_the_fit_without_it_and
 
 
 def test_tune_mistakes_are_one_line(capsys: pytest.CaptureFixture) -> None:
+    ddp = ["tune", "lr", "--", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml")]  # its rank 1 exited; rank 0 hung
     for args, says in ((["tune"], "say what to tune"), (["tune", "lr", "--min_lr", "1", "--max_lr", "0.1"],
-                                                         "need 0 < --min_lr < --max_lr")):  # fmt: skip
+                                                         "need 0 < --min_lr < --max_lr"),
+                       (ddp, "cannot start inside `kiln tune lr`: it runs one process; add --trainer.devices 1 after --"
+                        )):  # fmt: skip
         with pytest.raises(SystemExit) as stop:
             main(args)
         assert stop.value.code == 2 and says in capsys.readouterr().err

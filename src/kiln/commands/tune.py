@@ -27,6 +27,7 @@ from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep.inprocess import parse_command, resolved_config
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml, written_whole
+from kiln.process.process_group import check_one_process
 
 
 def parse(args: list[str]) -> tuple[Any, list[str]]:
@@ -104,6 +105,9 @@ def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: 
     try:
         with global_rngs_kept(), argv_hidden():
             cli = build_cli([*fit_args, *settings], run=False)
+            devices = cli.trainer.num_devices * cli.trainer.num_nodes
+            check_one_process(devices, "kiln tune lr", "it runs one process; add --trainer.devices 1 after -- "
+                              "(the rate it suggests is then for one process's batch)")  # fmt: skip
             cli.trainer.callbacks.append(test)  # type: ignore[attr-defined]
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     finally:

@@ -49,11 +49,13 @@ def released_after() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def check_one_process(devices: int, inside: str | None) -> None:
+def check_one_process(
+    devices: int, inside: str | None, fix: str = "add --subprocess to run each `kiln fit` as its own process"
+) -> None:
     """Refuse, before training, a multi-process run inside another command (``inside``, e.g. ``kiln sweep``): DDP
-    starts its other ranks by running the command line again, which would be the sweep, not the trial."""
+    starts its other ranks by running the command line again, which would be the sweep, not the trial (a rank
+    that cannot parse it exits, and rank 0 waits for it until the process group's timeout)."""
     if inside is not None and devices > 1:
         raise NeedsOwnProcess(
-            f"this run trains on {devices} processes (DDP), which cannot start inside `{inside}`: "
-            "add --subprocess to run each `kiln fit` as its own process"
+            f"this run trains on {devices} processes (DDP), which cannot start inside `{inside}`: {fix}"
         )
