@@ -189,6 +189,27 @@ def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs(capsys: 
     assert exit_info.value.code in (0, None) and printed["data"]["init_args"]["test_fraction"] == 0.1  # before: 0.2
 
 
+def test_a_value_typed_numbers_number_is_written_as_the_number_and_read_back(capsys: pytest.CaptureFixture) -> None:
+    """torchvision types ``RandomAffine``'s ``degrees`` as ``numbers.Number``: the run trained, but its config.yaml
+    said ``degrees: Unable to serialize instance 10``, which ``-c`` and ``--ckpt_path`` refused to read back."""
+    Path("affine.yaml").write_text(
+        "data:\n  init_args:\n    train_transforms:\n      - class_path: torchvision.transforms.v2.RandomAffine\n"
+        "        init_args: {degrees: 10}\n"
+    )
+
+    def degrees(*args: str) -> Any:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", *args, "--print_config"])
+        assert exit_info.value.code in (0, None)
+        printed = capsys.readouterr().out
+        Path("printed.yaml").write_text(printed)
+        return yaml.safe_load(printed)["data"]["init_args"]["train_transforms"][0]["init_args"]["degrees"]
+
+    assert degrees("-c", "affine.yaml") == 10
+    assert degrees("-c", "printed.yaml") == 10  # the written config reads back
+    assert degrees("-c", "affine.yaml", "--data.init_args.train_transforms.init_args.degrees", "7.5") == 7.5
+
+
 @pytest.mark.parametrize("given", ["1", "1.0"])
 def test_limit_train_batches_1_is_one_batch_whichever_order_typing_cached_the_union_in(
     given: str, monkeypatch: pytest.MonkeyPatch

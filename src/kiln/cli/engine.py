@@ -39,6 +39,7 @@ from kiln.cli.from_checkpoint import (
 )
 from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
+from kiln.cli.numbers_type import register_numbers
 from kiln.cli.parser import KilnArgumentParser, plain_config
 from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
@@ -195,6 +196,7 @@ class KilnCLI(LightningCLI):
         self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
         folders.new_command()
+        register_numbers()
         load_env_file()  # a notebook's build_cli reads the project's .env as the `kiln` command does
         quiet_lightning()
         console.begin_command()
