@@ -3,6 +3,7 @@ names on Optuna's plots; checked on the figure's own text objects (what the PNG 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -63,3 +64,9 @@ def test_sweep_pictures_are_optunas_with_the_metric_and_full_parameter_names(tmp
     written = write_pictures(study, sweep, tmp_path)
     assert [p.name for p in written] == ["history.png", "importance.png"]
     assert all(Image.open(p).size == (900, 450) for p in written)
+    tied = optuna.create_study(direction="maximize")  # equal values: Optuna drew every importance 0 (and warned)
+    tied.optimize(lambda t: 0 * t.suggest_float(lr, 1e-4, 1e-1, log=True) + t.suggest_categorical(width, [8]), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        assert set(sweep_figures(tied, sweep)) == {"history"}

@@ -87,7 +87,8 @@ def _pyplot() -> Any:
 
 def sweep_figures(study: Any, sweep: Sweep) -> dict[str, Any]:
     """Optuna's own plots: the optimisation history and, from two finished trials on, the parameter importances
-    (fANOVA), titled with the sweep and its metric, parameters by their full keys; Optuna's style stays inside."""
+    (Optuna's default evaluator), titled with the sweep and its metric, parameters by their full keys; Optuna's
+    style stays inside. Importances Optuna cannot tell apart (it warns they "will be equal") are not drawn."""
     import matplotlib
     import optuna
     from optuna.visualization import matplotlib as plots
@@ -100,10 +101,12 @@ def sweep_figures(study: Any, sweep: Sweep) -> dict[str, Any]:
     drawn = {}
     with matplotlib.rc_context(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="No artists with labels found to put in legend")  # no trial done
+        warnings.filterwarnings("error", message=".*Parameter importances will be equal")  # a picture of nothing
         for name, draw in drawings.items():
             try:
                 ax = draw()
-            except (RuntimeError, ValueError):  # too few distinct values to tell importances apart
+            except (RuntimeError, ValueError, UserWarning):  # too few distinct values to tell importances apart
                 continue
             ax.set_title(f"{ax.get_title()}: sweep {sweep.name}, {sweep.metric} ({sweep.direction})")
             figure: Any = ax.figure
