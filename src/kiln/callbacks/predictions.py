@@ -142,15 +142,19 @@ class PredictionWriter(BasePredictionWriter):
         return list(range(self._rows, self._rows + n)) if self._ranks == 1 else [""] * n
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._file is None:
+        if self._file is None or self.path is None:
             return
         self._file.close()
         self._file = None
-        self._partial.replace(self.path or self._partial)
-        if self._ranks > 1:
-            trainer.strategy.barrier()  # every rank's file complete before rank 0 reads them
-        if trainer.is_global_zero and self.path is not None:
-            print(merged_line(self.path, self._ranks, self._rows), file=sys.stderr)
+        if self._ranks == 1:
+            self._partial.replace(self.path)
+            print(f"predictions: {self.path} ({self._rows} rows)", file=sys.stderr)
+            return
+        if not trainer.is_global_zero:
+            self._partial.replace(self.path)  # this rank's share, complete
+        trainer.strategy.barrier()  # every rank's share complete before rank 0 reads them
+        if trainer.is_global_zero:  # its own share stays partial: predictions.csv is only ever the whole
+            print(merged_line(self.path, self._partial, self._ranks), file=sys.stderr)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._file is not None:  # stopped or failed mid-way: no partial predictions.csv stays behind
@@ -163,14 +167,12 @@ def rank_file(filename: str, rank: int) -> str:
     return filename.replace(".csv", f"-rank{rank}.csv")
 
 
-def merged_line(path: Path, ranks: int, rows: int) -> str:
-    """Rank 0's line: its file alone, or every rank's merged into it (what cannot be seen named)."""
-    if ranks == 1:
-        return f"predictions: {path} ({rows} rows)"
+def merged_line(path: Path, own: Path, ranks: int) -> str:
+    """Rank 0's line, once its share (``own``) and every rank's file it can see are merged into ``path``."""
     parts = [path.with_name(rank_file(path.name, r)) for r in range(1, ranks)]
     seen = [p for p in parts if p.exists()]
-    merged, ordered = merge_rank_files(path, seen)
-    for part in seen:
+    merged, ordered = merge_rank_files(path, [own, *seen])
+    for part in [own, *seen]:
         part.unlink()
     line = f"predictions: {path} ({merged} rows from {len(seen) + 1} of {ranks} ranks"
     line += ", in dataset order)" if ordered else "; the loader gives no dataset index: rank by rank)"
@@ -179,9 +181,9 @@ def merged_line(path: Path, ranks: int, rows: int) -> str:
 
 
 def merge_rank_files(path: Path, parts: list[Path]) -> tuple[int, bool]:
-    """Merge rank 0's file and ``parts`` into ``path``: by dataset index (each in index order; a sample written
-    twice, as a padded sampler repeats it, once), or rank by rank where rows have no index. Returns (rows, ordered)."""
-    files = [p.open(newline="") for p in [path, *parts]]
+    """The ranks' files ``parts`` into ``path``: by dataset index (each in index order; a sample written twice, as a
+    padded sampler repeats it, once), or rank by rank where rows have no index. Returns (rows, ordered)."""
+    files = [p.open(newline="") for p in parts]
     try:
         readers = [csv.reader(f) for f in files]
         headers = [next(r, None) for r in readers]
