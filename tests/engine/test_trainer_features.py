@@ -150,6 +150,11 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     assert [r["index"] for r in ddp_rows] == [r["index"] for r in rows] == [str(i) for i in range(359)]
     assert [r["predicted"] for r in ddp_rows] == [r["predicted"] for r in rows]
     assert [float(r["p3"]) for r in ddp_rows] == pytest.approx([float(r["p3"]) for r in rows], abs=1e-5)
+    # the test's confident mistakes are the whole test set's (they were rank 0's half's)
+    (table,) = run_dir.glob("wandb/offline-run-*/files/media/table/test/confident_mistakes_*.table.json")
+    shown = [row[3] for row in json.loads(table.read_text())["data"]]
+    mistakes = [max(float(r[f"p{c}"]) for c in range(10)) for r in rows if r["predicted"] != r["label"]]
+    assert shown == pytest.approx(sorted(mistakes, reverse=True)[:16], abs=2e-4)
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ class ConfidentMistakes(Callback):
     """After testing, the ``count`` wrong predictions with the highest probability, with the input (as a picture
     for images), label, prediction and every class's probability, as the W&B table ``test/confident_mistakes``
     (one per tested checkpoint). Reads the logits the module's ``test_step`` returns; without a W&B logger it
-    does nothing.
+    does nothing. Under DDP every rank keeps its own candidates and rank 0 takes the top of all of them: the
+    table is the test set's, not rank 0's share of it.
 
     Args:
         count: Rows of the table.
@@ -24,14 +25,13 @@ class ConfidentMistakes(Callback):
     def __init__(self, count: int = 16) -> None:
         self.count = count
         self.rows: list[tuple[float, Tensor, int, int, Tensor]] = []  # confidence, input, label, prediction, probs
-        self._logger: Any = None  # this test's W&B logger (rank 0), found once
+        self._logger: Any = None  # this test's W&B logger, found once (every rank has one; rank 0's writes)
 
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         from lightning.pytorch.loggers import WandbLogger
 
         self.rows = []
-        found = (logger for logger in trainer.loggers if isinstance(logger, WandbLogger))
-        self._logger = next(found, None) if trainer.is_global_zero else None
+        self._logger = next((logger for logger in trainer.loggers if isinstance(logger, WandbLogger)), None)
 
     def on_test_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -50,8 +50,14 @@ class ConfidentMistakes(Callback):
         self.rows = sorted([*self.rows, *candidates], key=lambda row: -row[0])[: self.count]
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._logger is None:
+            return
+        if trainer.world_size > 1 and torch.distributed.is_initialized():  # every rank's candidates, on every rank
+            shares: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shares, self.rows)
+            self.rows = sorted([row for share in shares for row in share], key=lambda row: -row[0])[: self.count]
         logger = self._logger
-        if logger is None or logger.experiment is None:
+        if not trainer.is_global_zero or logger.experiment is None:
             return
         import wandb
 
