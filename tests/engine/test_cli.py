@@ -144,17 +144,23 @@ def test_rank_files_merge_in_dataset_order_each_sample_once_or_rank_by_rank_and_
     """What rank 0 does with the ranks' predictions under DDP (the whole command: test_trainer_features.py)."""
     path, own = tmp_path / "predictions.csv", tmp_path / ".predictions.csv.partial"  # rank 0's share, kept partial
     write = lambda name, rows: (tmp_path / name).write_text("".join(f"{r}\n" for r in ["index,p", *rows]))  # noqa: E731
-    write(own.name, ["0,a", "2,c", "4,e"])
-    write("predictions-rank1.csv", ["1,b", "3,d"])
-    write("predictions-rank2.csv", ["4,e"])  # a padded sampler's repeat of sample 4
+    write(own.name, ["0,a", "3,d"])  # a DistributedSampler's shares of 5 samples on 3 ranks, padded to 6
+    write("predictions-rank1.csv", ["1,b", "4,e"])
+    write("predictions-rank2.csv", ["2,c", "0,a"])  # the padding repeats sample 0, last
     assert merged_line(path, own, 3) == f"predictions: {path} (5 rows from 3 of 3 ranks, in dataset order)"
     assert path.read_text().split() == ["index,p", "0,a", "1,b", "2,c", "3,d", "4,e"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.csv"]
+    write(own.name, ["2,c", "0,a"])  # a sampler of the user's own order
+    write("predictions-rank1.csv", ["1,b"])
+    write("predictions-rank2.csv", [])
+    assert merged_line(path, own, 3).endswith(
+        "(3 rows from 3 of 3 ranks, by index as each rank's sampler ordered them)"
+    )
     write(own.name, [",a", ",c"])  # an iterable loader under DDP: no dataset index
     write("predictions-rank1.csv", [",b"])
     line = merged_line(path, own, 3)
-    assert line == (f"predictions: {path} (3 rows from 2 of 3 ranks; the loader gives no dataset index: rank by rank); "
-                    "not on this disk: predictions-rank2.csv (written on their ranks' machines)")  # fmt: skip
+    assert line == (f"predictions: {path} (3 rows from 2 of 3 ranks, rank by rank: the loader gives no dataset "
+                    "index); not on this disk: predictions-rank2.csv (written on their ranks' machines)")  # fmt: skip
     assert path.read_text().split() == ["index,p", ",a", ",c", ",b"]
 
 

@@ -6,6 +6,7 @@ import csv
 import heapq
 import sys
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
@@ -171,42 +172,44 @@ def merged_line(path: Path, own: Path, ranks: int) -> str:
     """Rank 0's line, once its share (``own``) and every rank's file it can see are merged into ``path``."""
     parts = [path.with_name(rank_file(path.name, r)) for r in range(1, ranks)]
     seen = [p for p in parts if p.exists()]
-    merged, ordered = merge_rank_files(path, [own, *seen])
+    merged, order = merge_rank_files(path, [own, *seen])
     for part in [own, *seen]:
         part.unlink()
-    line = f"predictions: {path} ({merged} rows from {len(seen) + 1} of {ranks} ranks"
-    line += ", in dataset order)" if ordered else "; the loader gives no dataset index: rank by rank)"
+    line = f"predictions: {path} ({merged} rows from {len(seen) + 1} of {ranks} ranks, {order})"
     missing = [p.name for p in parts if p not in seen]
     return line + (f"; not on this disk: {', '.join(missing)} (written on their ranks' machines)" if missing else "")
 
 
-def merge_rank_files(path: Path, parts: list[Path]) -> tuple[int, bool]:
-    """The ranks' files ``parts`` into ``path``: by dataset index (each in index order; a sample written twice, as a
-    padded sampler repeats it, once), or rank by rank where rows have no index. Returns (rows, ordered)."""
+def merge_rank_files(path: Path, parts: list[Path]) -> tuple[int, str]:
+    """The ranks' files ``parts`` into ``path``, each sample once (a padded sampler repeats some): by dataset index,
+    or rank by rank where rows have no index. Returns the rows written and the order they are in."""
     files = [p.open(newline="") for p in parts]
     try:
         readers = [csv.reader(f) for f in files]
         headers = [next(r, None) for r in readers]
         firsts = [next(r, None) for r in readers]
         tables = [_rows(first, reader) for first, reader in zip(firsts, readers, strict=True)]
-        ordered = all(first is None or first[0] != "" for first in firsts)
-        rows: Iterator[list[str]] = _once(heapq.merge(*tables, key=lambda row: int(row[0]))) if ordered else (
-            row for table in tables for row in table)  # fmt: skip
+        indexed = all(first is None or first[0] != "" for first in firsts)
+        rows = _once(heapq.merge(*tables, key=lambda row: int(row[0]))) if indexed else chain(*tables)
         partial = path.with_name(f".{path.name}.merged.partial")
-        count = 0
+        count, last, ascending = 0, -1, True
         with partial.open("w", newline="") as out:
             writer = csv.writer(out)
-            header = next((h for h in headers if h), None)
-            if header is not None:  # no rank predicted anything: an empty file, as one process writes it
+            header = next((h for h in headers if h), None)  # none: no rank predicted anything, an empty file
+            if header is not None:
                 writer.writerow(header)
             for row in rows:
                 writer.writerow(row)
                 count += 1
+                if indexed:
+                    ascending, last = ascending and int(row[0]) > last, int(row[0])
         partial.replace(path)
-        return count, ordered
     finally:
         for f in files:
             f.close()
+    if not indexed:
+        return count, "rank by rank: the loader gives no dataset index"
+    return count, "in dataset order" if ascending else "by index as each rank's sampler ordered them"
 
 
 def _rows(first: list[str] | None, rest: Iterator[list[str]]) -> Iterator[list[str]]:
@@ -216,9 +219,9 @@ def _rows(first: list[str] | None, rest: Iterator[list[str]]) -> Iterator[list[s
 
 
 def _once(rows: Iterator[list[str]]) -> Iterator[list[str]]:
-    """Rows in index order, a repeated index (a padded sampler's repeat: the same sample) kept once."""
-    last = None
+    """Each index once: a padded sampler's repeat is the same sample, predicted again (possibly last of its rank)."""
+    seen: set[str] = set()
     for row in rows:
-        if row[0] != last:
+        if row[0] not in seen:
+            seen.add(row[0])
             yield row
-        last = row[0]
