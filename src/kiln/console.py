@@ -32,6 +32,10 @@ DEPENDENCY_WARNINGS = [
     (UserWarning, r"Couldn't infer the batch indices fetched from your dataloader: `DeviceLoader`",
      r"lightning\.pytorch\.loops\.prediction_loop",
      "on every predict of on-device data: kiln.callbacks.PredictionWriter numbers its rows from the loader's order"),
+    (UserWarning, r"Be aware that when using `ckpt_path`, .* callbacks: \[(('EMA'|\"EarlyStopping\{[^}]*\}\")(, )?)+\]",
+     r"lightning\.pytorch\.trainer\.call",
+     "EMA's and EarlyStopping's states, which only training reads: validate/test/predict score the weights the "
+     "checkpoint holds (an EMA checkpoint's average, said in a line), and a resume that drops EMA is refused"),
     (UserWarning, r"You're resuming from a checkpoint that ended before the epoch ended",
      r"lightning\.pytorch\.loops\.training_epoch_loop",
      "on every mid-epoch resume: kiln's datamodules resume their loaders at the saved sample (ExactResume), and kiln "

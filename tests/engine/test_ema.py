@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def test_a_step_the_guard_skips_leaves_the_average_as_it_was(mode: str, tmp_path
 
 
 @pytest.mark.slow
-def test_a_resume_with_ema_is_bitwise_the_uninterrupted_run(tmp_path: Path) -> None:
+def test_a_resume_with_ema_is_bitwise_the_uninterrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     whole = build_cli([*run_args(0), *EMA_PRESET, "--run.root", str(tmp_path / "whole")])
     ckpt = Path(whole.trainer.default_root_dir) / "checkpoints" / "mid-step=8.ckpt"
     resumed = build_cli([*run_args(0), *EMA_PRESET, "--run.root", str(tmp_path / "resumed"), "--ckpt_path", str(ckpt)])
@@ -89,6 +90,15 @@ def test_a_resume_with_ema_is_bitwise_the_uninterrupted_run(tmp_path: Path) -> N
     for key, value in a["current_model_state"].items():
         assert torch.equal(value, b["current_model_state"][key]), key
     assert torch.equal(a["averaging_state"]["n_averaged"], b["averaging_state"]["n_averaged"])
+
+    # the same resume without EMA would train on from the average (its state_dict), not the weights trained
+    dropped = tmp_path / "dropped"
+    with pytest.raises(SystemExit) as stop:
+        main([*run_args(0), "--run.root", str(dropped), "--ckpt_path", str(ckpt)])
+    assert stop.value.code == 1  # as a resume's other changed settings
+    assert "was trained with weight averaging (kiln.callbacks.EMA), which this command leaves out" in (
+        capsys.readouterr().err)  # fmt: skip
+    assert not dropped.exists()
 
 
 def fitted(name: str, flags: list[str]) -> tuple[dict[str, list[float]], dict[str, float], Path]:
@@ -103,7 +113,9 @@ def fitted(name: str, flags: list[str]) -> tuple[dict[str, list[float]], dict[st
 
 
 @pytest.mark.slow
-def test_validation_and_test_are_on_the_average_and_the_raw_weights_metrics_are_logged_beside() -> None:
+def test_validation_and_test_are_on_the_average_and_the_raw_weights_metrics_are_logged_beside(
+    capsys: pytest.CaptureFixture,
+) -> None:
     plain_val, plain_test, _ = fitted("plain", [])  # EMA never changes what trains: its raw weights are these
     val, tested, best = fitted("ema", EMA_PRESET)
     assert val["val_raw/loss"] == pytest.approx(plain_val["val/loss"], abs=1e-6)
@@ -116,3 +128,10 @@ def test_validation_and_test_are_on_the_average_and_the_raw_weights_metrics_are_
         (again,) = list(csv.DictReader(f))
     assert tested["test/loss"] == pytest.approx(float(again["test/loss"]), abs=1e-6)  # was the raw weights'
     assert float(again["test_raw/loss"]) == pytest.approx(plain_test["test/loss"], abs=1e-6)
+
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:  # without EMA: the average the checkpoint holds, said so
+        warnings.simplefilter("always")
+        main(["predict", *LIMIT, *CSV, "--ckpt_path", str(best)])
+    assert f"weights: the EMA average {best} holds" in capsys.readouterr().err
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]  # Lightning's

@@ -41,7 +41,14 @@ from kiln.cli.init_from import load_weights
 from kiln.cli.links import DataLinks, unwrap
 from kiln.cli.numbers_type import register_numbers
 from kiln.cli.parser import KilnArgumentParser, plain_config
-from kiln.cli.resume_check import keep_given_secrets, keep_saved_stats, refuse_changed_data, refuse_changed_settings
+from kiln.cli.resume_check import (
+    average_line,
+    keep_given_secrets,
+    keep_saved_stats,
+    refuse_changed_data,
+    refuse_changed_settings,
+    refuse_dropped_average,
+)
 from kiln.cli.run_paths import RunPaths, class_nodes, is_a
 from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
@@ -303,6 +310,8 @@ class KilnCLI(LightningCLI):
         self.config[subcommand].ckpt_path = ckpt_path
         self._trained = (checkpoint.get("hyper_parameters", {}), weight_shapes(checkpoint), ckpt_path)
         print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
+        if line := average_line(checkpoint, self.config[subcommand].trainer.callbacks, subcommand, ckpt_path):
+            print(line, file=sys.stderr)
         return True
 
     @staticmethod
@@ -341,6 +350,7 @@ class KilnCLI(LightningCLI):
             keep_saved_stats(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data)
             refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
                                 self.config.fit.ckpt_path)  # fmt: skip
+            refuse_dropped_average(checkpoint, self.config.fit.trainer.callbacks, self.config.fit.ckpt_path)
             return  # the model and data are built from the command line, which matches the checkpoint
         if self._trained is not None:
             return  # parsed with the checkpoint's model and data under the command's own settings

@@ -104,6 +104,39 @@ def refuse_changed_data(hparams: dict[str, Any] | None, data: Namespace, ckpt_pa
         )
 
 
+def averages(callback: Any) -> bool:
+    """Whether a configured callback (a class path, or its ``class_path``/``init_args`` form) averages weights."""
+    from lightning.pytorch.callbacks import WeightAveraging
+
+    if isinstance(callback, WeightAveraging):
+        return True
+    path = callback.get("class_path") if isinstance(callback, Namespace | dict) else callback
+    cls = import_class(str(path)) if path else None
+    return isinstance(cls, type) and issubclass(cls, WeightAveraging)
+
+
+def refuse_dropped_average(checkpoint: dict[str, Any], callbacks: Any, ckpt_path: str) -> None:
+    """Stop before training when the checkpoint's weights are an average (EMA) and the command averages no more:
+    its ``state_dict`` is the average, so Lightning would go on training from it, not from the weights trained."""
+    if "current_model_state" not in checkpoint or any(averages(c) for c in callbacks or ()):
+        return
+    raise ConfigError(
+        f"trainer.callbacks: the checkpoint {ckpt_path} was trained with weight averaging (kiln.callbacks.EMA), "
+        "which this command leaves out; a resume without it would go on from the average, not from the weights "
+        "trained: add it again (-c configs/callbacks/ema.yaml), or start a new run from the average with "
+        f"--init_from {ckpt_path}"
+    )
+
+
+def average_line(checkpoint: dict[str, Any], callbacks: Any, subcommand: str, ckpt_path: str) -> str | None:
+    """What validate/test/predict score of an EMA checkpoint without EMA: its average (its ``state_dict``)."""
+    if "current_model_state" not in checkpoint or any(averages(c) for c in callbacks or ()):
+        return None
+    raw = " (-c configs/callbacks/ema.yaml also tests the weights trained, as test_raw/...)"
+    return f"weights: the EMA average {ckpt_path} holds, as the fit validated and tested them" + (
+        raw if subcommand == "test" else "")  # fmt: skip
+
+
 def keep_saved_stats(hparams: dict[str, Any] | None, data: Namespace) -> None:
     """A resume normalises as the run did: the checkpoint's ``mean``/``std`` where the command sets none (with a
     pretrained net's ``weights: null``, which a resume may give, they would fall back to the data's defaults)."""
