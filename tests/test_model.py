@@ -102,3 +102,13 @@ def test_the_test_loss_is_the_mean_over_samples_not_over_batches() -> None:
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         expected = torch.nn.functional.cross_entropy(model(x), y)
     assert float(model.test_loss.compute()) == pytest.approx(float(expected), rel=1e-6)
+
+
+@pytest.mark.parametrize("experiment", ["friedman", "sentences"])
+def test_the_model_summary_counts_the_flops_of_every_example(experiment: str) -> None:
+    """Lightning's summary prints "Total FLOPs: 0" for a module without an example input; each example gives one."""
+    from lightning.pytorch.utilities.model_summary import summarize
+
+    cli = build_cli(["fit", "-c", str(CONFIGS / "experiment" / f"{experiment}.yaml"), "--trainer.fast_dev_run", "1",
+                     "--trainer.logger", "false", "--run.test_after_fit", "false"])  # fmt: skip
+    assert summarize(cli.model).total_flops > 0

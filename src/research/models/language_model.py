@@ -76,6 +76,7 @@ class LanguageModel(LightningModule):
         self.test_loss = MeanMetric(nan_strategy="disable")
         self.val_acc = MulticlassAccuracy(vocab_size, average="micro")
         self.test_acc = MulticlassAccuracy(vocab_size, average="micro")
+        self.example_input_array = torch.zeros(1, block_size, dtype=torch.long)  # the summary's FLOPs and sizes
 
     def forward(self, ids: Tensor) -> Tensor:
         """Logits ``(batch, time, vocab_size)``: each position's guess of the next token."""

@@ -38,6 +38,11 @@ class Regressor(LightningModule):
         )
         self.val_metrics, self.test_metrics = metrics.clone(prefix="val/"), metrics.clone(prefix="test/")
 
+    def setup(self, stage: str) -> None:
+        shape = getattr(getattr(self.trainer, "datamodule", None), "input_shape", None)  # one sample's, declared
+        if shape is not None and self.example_input_array is None:  # the model summary's FLOPs and sizes
+            self.example_input_array = torch.zeros(1, *shape)
+
     def forward(self, x: Tensor) -> Tensor:
         """One value per sample, ``(batch,)`` (``flatten``, not ``reshape(len(x))``: an export keeps any batch size)."""
         return self.net(x).flatten()
@@ -57,15 +62,13 @@ class Regressor(LightningModule):
         self._evaluate(batch, self.val_metrics, "val")
 
     def on_validation_epoch_end(self) -> None:
-        self.log_dict(self.val_metrics.compute())
-        self.val_metrics.reset()
+        self.log_dict(self.val_metrics)  # Lightning computes (over every DDP rank) and resets them
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         return self._evaluate(batch, self.test_metrics, "test")
 
     def on_test_epoch_end(self) -> None:
-        self.log_dict(self.test_metrics.compute())
-        self.test_metrics.reset()
+        self.log_dict(self.test_metrics)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         return self(batch[0] if isinstance(batch, list | tuple) else batch)
