@@ -30,10 +30,25 @@ UNSET = "(unset)"  # a key one of two configs lacks
 
 
 def flat(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as ``{"model.init_args.optimizer.init_args.lr": 0.001, …}``."""
+    """A nested config as ``{"model.init_args.optimizer.init_args.lr": 0.001, …}``; a list of classes (the
+    callbacks) by class name, ``trainer.callbacks[EarlyStopping].init_args.patience``, so that one callback
+    added or changed is its own keys, not the whole list."""
     if isinstance(node, dict) and node:
         return {k: v for key, value in node.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+    if node and isinstance(node, list) and all(isinstance(item, dict) and "class_path" in item for item in node):
+        return {k: v for name, item in by_class(node) for k, v in flat(item, f"{prefix.rstrip('.')}[{name}].").items()}
     return {prefix.rstrip("."): node}
+
+
+def by_class(items: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Each ``class_path`` item named by its class, ``ModelCheckpoint``, then ``ModelCheckpoint#2`` for a second."""
+    named: list[tuple[str, dict[str, Any]]] = []
+    seen: dict[str, int] = {}
+    for item in items:
+        name = str(item["class_path"]).rsplit(".", 1)[-1]
+        seen[name] = seen.get(name, 0) + 1
+        named.append((name if seen[name] == 1 else f"{name}#{seen[name]}", item))
+    return named
 
 
 def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from dataset_files import write_image_folder
-from helpers import LIMIT
+from helpers import CONFIGS, LIMIT
 from test_template import git
 
 from kiln.cli import build_cli
@@ -91,13 +91,18 @@ def test_kiln_diff_names_the_config_environment_and_code_differences(
 ) -> None:
     main(["fit", *LIMIT, *QUIET, "--trainer.max_epochs", "1"])
     first = newest_run()
-    main(["fit", *LIMIT, *QUIET, "--trainer.max_epochs", "1", "--model.init_args.optimizer.init_args.lr", "0.01"])
+    main(["fit", *LIMIT, *QUIET, "--trainer.max_epochs", "1", "--model.init_args.optimizer.init_args.lr", "0.01",
+          "-c", str(CONFIGS / "callbacks" / "early_stopping.yaml")])  # fmt: skip
     second = newest_run()
     (second / "code.diff").write_text("+planted\n")
     capsys.readouterr()
     main(["diff", str(first), str(second)])
     out = capsys.readouterr().out
     assert "model.init_args.optimizer.init_args.lr: 0.003 -> 0.01" in out
+    # a callback added: one line with its arguments, not the whole list twice
+    (added,) = [line for line in out.splitlines() if line.startswith("  trainer.callbacks")]
+    assert added.startswith("  trainer.callbacks[EarlyStopping]: (unset) -> lightning.pytorch.callbacks.EarlyStopping(")
+    assert "patience=5" in added and "ModelCheckpoint" not in added
     assert "command: ['kiln', 'fit'," in out  # the environment section: the command lines differ
     assert "uncommitted changes (code.diff): none -> 1 lines" in out
     with pytest.raises(SystemExit) as stop:

@@ -21,8 +21,28 @@ def environment(run_dir: Path) -> dict[str, Any]:
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """``key: a -> b`` for each key whose values differ (``(unset)`` where one lacks it)."""
-    return [f"{k}: {a.get(k, UNSET)} -> {b.get(k, UNSET)}" for k in changed(a, b)]
+    """``key: a -> b`` for each key whose values differ (``(unset)`` where one lacks it); a class switched, added
+    or removed (a logger, a callback) in one line, ``trainer.callbacks[EarlyStopping]: (unset) -> …(patience=5)``."""
+    keys = changed(a, b)
+    switched = [k.removesuffix(".class_path") for k in keys if k.endswith(".class_path")]
+    lines, done = [], set()
+    for k in keys:
+        outer = next((p for p in switched if k.startswith(f"{p}.")), None)  # sorted: the outermost first
+        if outer is None:
+            lines.append(f"{k}: {a.get(k, UNSET)} -> {b.get(k, UNSET)}")
+        elif outer not in done:
+            done.add(outer)
+            lines.append(f"{outer}: {called(a, outer)} -> {called(b, outer)}")
+    return lines
+
+
+def called(settings: dict[str, Any], element: str) -> str:
+    """A list element's class and arguments as one call, ``EarlyStopping(monitor=val/loss, …)``; else unset."""
+    if f"{element}.class_path" not in settings:
+        return UNSET
+    start = f"{element}.init_args."
+    arguments = ", ".join(f"{k.removeprefix(start)}={v}" for k, v in settings.items() if k.startswith(start))
+    return f"{settings[f'{element}.class_path']}({arguments})"
 
 
 def code_differences(a: Path, b: Path) -> list[str]:
