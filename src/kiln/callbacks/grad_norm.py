@@ -57,7 +57,7 @@ def shared_gradient_norm(trainer: Trainer, own: StepGradientNorm) -> StepGradien
 
 
 class GradNormMonitor(Callback):
-    """Total gradient norm at every logging step, per-parameter norms every ``layer_every_n_steps``.
+    """Total gradient norm at every logging step, per-parameter norms every ``layer_every_n_steps`` (at that step).
 
     The norm of every step is kept on the device for the spike check, which moves them to the host
     once every ``check_every_n_steps``; Lightning reads logged tensors only when it writes logs. Steps
@@ -95,13 +95,24 @@ class GradNormMonitor(Callback):
         step = trainer.global_step
         if writes_logs_after(trainer, step):
             pl_module.log("grad/total_norm", total, on_step=True, on_epoch=False)
-        if self.layer_every_n_steps and step % self.layer_every_n_steps == 0:
-            norms = grad_norm(pl_module, norm_type=2, group_separator="/")
-            norms.pop("grad_2.0_norm_total", None)
-            pl_module.log_dict({k.replace("grad_2.0_norm/", "grad/"): v for k, v in norms.items()}, on_step=True)
+        if self.layer_every_n_steps and step % self.layer_every_n_steps == 0 and trainer.is_global_zero:
+            self._log_layers(trainer, pl_module, step)
         self._pending.append(total)
         if len(self._pending) >= self.check_every_n_steps:
             self._check_spikes(step)
+
+    @staticmethod
+    def _log_layers(trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        """Each parameter's gradient norm, written to the loggers at this step alone: through ``self.log`` Lightning
+        would write the same values again at every later logging step of the epoch, as if measured there."""
+        norms = grad_norm(pl_module, norm_type=2, group_separator="/")
+        norms.pop("grad_2.0_norm_total", None)
+        if not norms or not trainer.loggers:
+            return
+        values = torch.stack([torch.as_tensor(v).float() for v in norms.values()]).cpu().tolist()  # one host sync
+        metrics = {k.replace("grad_2.0_norm/", "grad/"): v for k, v in zip(norms, values, strict=True)}
+        for logger in trainer.loggers:
+            logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending:
