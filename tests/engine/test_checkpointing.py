@@ -153,6 +153,25 @@ def test_ckpt_path_last_finds_the_newest_run_and_continues_in_its_folder(capsys:
 
 
 @pytest.mark.slow
+def test_a_run_its_time_limit_stopped_trains_on_only_when_the_limit_is_raised(capsys: pytest.CaptureFixture) -> None:
+    """Lightning's Timer counts the time trained before a resume: with the same --trainer.max_time a longer resume
+    trained nothing, tested again and exited 0, after advice to raise max_epochs."""
+    args = ["fit", "--trainer.logger", "false", "--run.test_after_fit", "false", "--ckpt_path", "last",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]  # fmt: skip
+    first = build_cli([*args, "--trainer.max_time", "00:00:00:01"])  # 30 epochs: the time limit stops it
+    steps, last = first.trainer.global_step, Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    assert 0 < steps < 30 * 23
+    capsys.readouterr()
+    main([*args, "--trainer.max_time", "00:00:00:01", "--trainer.max_epochs", "40"])
+    err = capsys.readouterr().err
+    assert f"training stopped at its time limit, --trainer.max_time 1 s, at epoch {first.trainer.current_epoch}" in err
+    assert "nothing to do. Raise --trainer.max_time to train on" in err
+    assert load_checkpoint_file(last)["global_step"] == steps
+    longer = build_cli([*args, "--trainer.max_time", "00:00:00:02"])
+    assert longer.trainer.global_step > steps
+
+
+@pytest.mark.slow
 def test_a_finished_run_whose_test_never_completed_is_tested_not_retrained(capsys: pytest.CaptureFixture) -> None:
     args = ["fit", *LIMIT, "--trainer.logger", "false", "--ckpt_path", "last"]
     first = build_cli(args)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, Timer
 
 from kiln.runs.folders import layout
 
@@ -30,11 +30,30 @@ def epoch_limit(max_epochs: int | None, max_steps: int | None) -> float:
     return _limit(max_epochs)
 
 
-def finished_training(checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None) -> str | None:
-    """Why resuming ``checkpoint`` with these limits would train nothing, or ``None``."""
+def time_limit(max_time: Any) -> float | None:
+    """``--trainer.max_time`` in seconds, as Lightning's Timer reads it (``DD:HH:MM:SS``, a dict, a timedelta)."""
+    if max_time is None:
+        return None
+    try:
+        return Timer(duration=max_time).time_remaining("train")  # nothing elapsed yet: the whole limit
+    except Exception:  # a malformed value: the Trainer says so in its own words
+        return None
+
+
+def finished_training(
+    checkpoint: dict[str, Any], max_epochs: int | None, max_steps: int | None, max_time: Any = None
+) -> str | None:
+    """Why resuming ``checkpoint`` with these limits would train nothing, or ``None``. A run its time limit
+    stopped is finished until ``max_time`` is raised: Lightning's Timer counts the time trained before a resume."""
     finished = checkpoint.get("callbacks", {}).get(LastCheckpoint.__qualname__, {}).get("finished")
     if not finished:
         return None
+    if "max_time" in finished:
+        limit = time_limit(max_time)
+        if limit is None or limit > finished["max_time"]:
+            return None
+        return (f"training stopped at its time limit, --trainer.max_time {finished['max_time']:.0f} s, at epoch "
+                f"{finished['epochs']}, step {checkpoint.get('global_step')}")  # fmt: skip
     more_epochs = epoch_limit(max_epochs, max_steps) > epoch_limit(finished["max_epochs"], finished["max_steps"])
     if more_epochs or _limit(max_steps) > _limit(finished["max_steps"]):
         return None
@@ -80,8 +99,17 @@ class LastCheckpoint(Checkpoint):
         if getattr(trainer, "fast_dev_run", False):
             return
         limits = {"max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps}
-        self.finished = {**limits, "epochs": trainer.current_epoch}
+        self.finished = {**limits, "epochs": trainer.current_epoch, **self._out_of_time(trainer)}
         self.save(trainer)
+
+    @staticmethod
+    def _out_of_time(trainer: Trainer) -> dict[str, float]:
+        """``{"max_time": seconds}`` when the Trainer's time limit ended training, else nothing."""
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)  # type: ignore[attr-defined]
+        left = timer.time_remaining("train") if timer is not None else None
+        if timer is None or left is None or left > 0:
+            return {}
+        return {"max_time": left + timer.time_elapsed("train")}
 
     def state_dict(self) -> dict[str, Any]:
         return {"finished": self.finished}

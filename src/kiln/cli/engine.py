@@ -317,13 +317,15 @@ class KilnCLI(LightningCLI):
     @staticmethod
     def _refuse_finished(checkpoint: dict[str, Any], config: Namespace, run_dir: Path) -> None:
         """Rerunning a finished run trains nothing; it tests, if its test after fit never completed."""
-        why = finished_training(checkpoint, config.trainer.max_epochs, config.trainer.max_steps)
+        limits = config.trainer
+        why = finished_training(checkpoint, limits.max_epochs, limits.max_steps, limits.get("max_time"))
         tested = "test" in read_metrics(run_dir)
         if why is None or (config.run.test_after_fit and not tested):
             return
+        more = "--trainer.max_time" if "time limit" in why else "--trainer.max_epochs or --trainer.max_steps"
         raise AlreadyFinished(
             f"{run_dir} is complete ({why}{'; tested' if tested else ''}): nothing to do. "
-            "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
+            f"Raise {more} to train on, or drop --ckpt_path last for a new run"
         )
 
     def _dump_config(self) -> None:
