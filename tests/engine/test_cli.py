@@ -473,3 +473,15 @@ def test_a_fit_without_its_test_ends_on_a_summary_naming_the_weights_to_test(cap
     out = capsys.readouterr().out
     assert "val/loss" in out and "(last validation)" in out and f"run folder {run_dir}" in out
     assert f"kiln test --ckpt_path {run_dir}/checkpoints/best-" in out
+
+
+def test_build_cli_in_a_notebook_draws_no_warning_about_the_kernels_own_arguments(
+    monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
+    """A Jupyter kernel runs with its own ``sys.argv`` (``-f <connection file>``): LightningCLI warned, in every
+    notebook that builds an experiment, that args and command-line arguments were both given."""
+    kernel = ["ipykernel_launcher.py", "-f", "/tmp/kernel-1.json"]
+    monkeypatch.setattr(sys, "argv", list(kernel))
+    build_cli([*LIMIT, "--trainer.logger", "false"], run=False)
+    assert not [w for w in recwarn if "intended to run from within Python" in str(w.message)]
+    assert sys.argv == kernel

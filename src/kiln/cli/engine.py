@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from collections.abc import Iterator, Sequence
@@ -278,9 +279,10 @@ class KilnCLI(LightningCLI):
 
     def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse; a switched class gets its own defaults (kiln.cli.class_switch) before anything reads the config."""
+        own_argv = argv_hidden() if args is not None else contextlib.nullcontext()  # a notebook's: no warning
         try:
-            with _ActionPrintConfig.skip_print_config():  # printed below, once a switched class has its own defaults
-                super().parse_arguments(parser, args)
+            with _ActionPrintConfig.skip_print_config(), own_argv:  # printed below, once a switched class's defaults
+                super().parse_arguments(parser, args)  # are its own
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             given = self._given
             known = getattr(self, "_subcommand_parsers", {}).get(self._named, parser)  # a LightningCLI attribute
