@@ -31,10 +31,12 @@ class LossRecorder(Callback):
 
 
 # accumulate -> {written step: micro-batches averaged}, and the batches behind the last (epoch-end) value;
-# 12 batches per epoch, Lightning writes every 5th optimizer step (steps 4, 9, ...)
+# 12 batches per epoch, Lightning writes every 5th optimizer step (steps 4, 9, ...), kiln each epoch's last window
+# at its last step too (11 and 23; with accumulation 5 and 11), which Lightning's epoch-end write left out
+FIRST = {4: range(0, 5), 9: range(5, 10), 11: range(10, 12), 14: range(12, 15), 19: range(15, 20), 23: range(20, 24)}
 WINDOWS = {
-    1: ({4: range(0, 5), 9: range(5, 10), 14: range(12, 15), 19: range(15, 20)}, range(20, 24)),
-    2: ({4: range(0, 10), 9: range(12, 20)}, range(20, 24)),  # 6 optimizer steps per epoch
+    1: (FIRST, range(20, 24)),
+    2: ({4: range(0, 10), 5: range(10, 12), 9: range(12, 20), 11: range(20, 24)}, range(20, 24)),  # 6 steps an epoch
 }
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from kiln.console import say
-from kiln.training.logging_steps import writes_logs_after
+from kiln.training.logging_steps import write_now, writes_logs_after
 
 
 class StepGradientNorm:
@@ -107,12 +107,7 @@ class GradNormMonitor(Callback):
         would write the same values again at every later logging step of the epoch, as if measured there."""
         norms = grad_norm(pl_module, norm_type=2, group_separator="/")
         norms.pop("grad_2.0_norm_total", None)
-        if not norms or not trainer.loggers:
-            return
-        values = torch.stack([torch.as_tensor(v).float() for v in norms.values()]).cpu().tolist()  # one host sync
-        metrics = {k.replace("grad_2.0_norm/", "grad/"): v for k, v in zip(norms, values, strict=True)}
-        for logger in trainer.loggers:
-            logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=step)
+        write_now(trainer, {k.replace("grad_2.0_norm/", "grad/"): v for k, v in norms.items()}, step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending:

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from kiln.training.logging_steps import writes_logs_after
+from kiln.training.logging_steps import write_now, writes_logs_after
 
 
 def step_loss(outputs: Any) -> Tensor | None:
@@ -52,8 +52,12 @@ class TrainLoss(Callback):
         last_batch = batch_idx + 1 >= trainer.num_training_batches
         if (batch_idx + 1) % trainer.accumulate_grad_batches and not last_batch:
             return  # mid-accumulation: the optimizer step (and any write) comes with a later batch
-        if writes_logs_after(trainer, trainer.global_step - 1) or last_batch:
-            pl_module.log(self.key, self._sum / self._count, prog_bar=self.prog_bar)
+        written = writes_logs_after(trainer, trainer.global_step - 1)
+        if written or last_batch:
+            mean = self._sum / self._count
+            pl_module.log(self.key, mean, prog_bar=self.prog_bar)  # the progress bar, callbacks that monitor it
+            if not written:  # the epoch's last window: Lightning writes a step's value on its logging steps only
+                write_now(trainer, {self.key: mean}, trainer.global_step - 1)
             self._sum, self._count = None, 0
 
     def state_dict(self) -> dict[str, Any]:
