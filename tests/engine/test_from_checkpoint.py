@@ -56,7 +56,12 @@ def test_an_override_the_weights_cannot_take_stops_in_one_line_naming_both_value
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "model.init_args.net.init_args.width" in line and "trained with 16, this command gives 32" in line
-    assert len(list((tmp_path / "digits").iterdir())) == 1  # the fit's run folder only: none left by the refusal
+    for command, limit in (("validate", "val"), ("test", "test"), ("predict", "predict")):  # was: exit 0, no batch
+        with pytest.raises(SystemExit) as stop:
+            main([command, "--ckpt_path", best, f"--trainer.limit_{limit}_batches", "0", *QUIET, *root])
+        assert stop.value.code == 2
+        assert f"error: trainer.limit_{limit}_batches 0: kiln {command} would run no batch" in capsys.readouterr().err
+    assert len(list((tmp_path / "digits").iterdir())) == 1  # the fit's run folder only: none left by the refusals
 
 
 @pytest.mark.slow

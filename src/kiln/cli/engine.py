@@ -63,7 +63,7 @@ from kiln.runs.folders import (
     best_checkpoint,
     latest_checkpoint,
     layout,
-    nothing_to_train,
+    nothing_to_run,
     partial_data,
     resolve_run_dir,
     run_of,
@@ -403,9 +403,11 @@ class KilnCLI(LightningCLI):
                 f"kiln {self.subcommand}: no --ckpt_path, so it would score an untrained network; name the weights: "
                 "--ckpt_path <file>, best, last, or wandb:<entity>/<project>/<artifact>:<alias>"
             )
-        if self.subcommand == "fit" and (setting := nothing_to_train(config.trainer)):
-            raise UsageError(f"{setting}: fit would train nothing and test an untrained network; give a positive "
-                             "value (`kiln test --ckpt_path <file>` tests a trained one)")  # fmt: skip
+        if setting := nothing_to_run(self.subcommand, config.trainer):
+            why = "fit would train nothing and test an untrained network" if self.subcommand == "fit" else (
+                f"kiln {self.subcommand} would run no batch")  # fmt: skip
+            trained = " (`kiln test --ckpt_path <file>` tests a trained one)" if self.subcommand == "fit" else ""
+            raise UsageError(f"{setting}: {why}; give a positive value{trained}")
         prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
         self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
         console.to_run_folder(self.run_dir)

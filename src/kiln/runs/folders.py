@@ -284,9 +284,14 @@ def partial_data(trainer: Any) -> str | None:
     return None
 
 
-def nothing_to_train(trainer: Any) -> str | None:
-    """The Trainer setting with which ``fit`` would train nothing (and test an untrained network), if any."""
-    for key in ("max_epochs", "max_steps", "limit_train_batches"):
+LIMITS = {"fit": ("max_epochs", "max_steps", "limit_train_batches"), "validate": ("limit_val_batches",),
+          "test": ("limit_test_batches",), "predict": ("limit_predict_batches",)}  # fmt: skip
+
+
+def nothing_to_run(subcommand: str | None, trainer: Any) -> str | None:
+    """The Trainer setting with which the command would run no batch (``fit``: train nothing, then test an
+    untrained network), if any."""
+    for key in LIMITS.get(subcommand or "", ()):
         if trainer.get(key, None) in (0, 0.0):
             return f"trainer.{key} {trainer.get(key)}"
     return None
