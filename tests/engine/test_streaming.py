@@ -17,7 +17,7 @@ from kiln.cli import build_cli
 from kiln.data import StreamingDataModule
 from kiln.data.streaming import convert
 from kiln.errors import DataError
-from research.data import WaveformsDataModule
+from research.data import FriedmanDataModule, SentencesDataModule, WaveformsDataModule
 
 needs("litdata", reason="needs the data extra (make install; uv sync --extra data)")
 
@@ -104,3 +104,22 @@ def test_ddp_ranks_read_disjoint_shards(chunks: Path, tmp_path: Path) -> None:
 def test_a_folder_without_kiln_json_names_the_command_that_writes_it(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"no kiln.json at .*; write it with `kiln convert`"):
         StreamingDataModule(root=str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["regression", "language_model"])
+def test_streamed_data_of_any_task_keeps_its_samples_targets_and_declarations(source: str, tmp_path: Path) -> None:
+    """Streaming took every task for image classification: a regression's real targets were cut to integers
+    (``int(y)``), ``num_classes`` was required (an internal error without it), and ``num_outputs``,
+    ``vocab_size`` and ``block_size`` were not carried, so the linked network was built for 10 outputs."""
+    data = (FriedmanDataModule(num_samples=200, num_workers=0) if source == "regression" else
+            SentencesDataModule(num_sentences=60, block_size=16, num_workers=0))  # fmt: skip
+    data.setup("fit")
+    streamed_data = StreamingDataModule(root=str(convert(data, tmp_path / source, chunk_bytes="16KB")), num_workers=0)
+    for name in ("num_classes", "num_outputs", "vocab_size", "block_size", "input_shape", "mean", "std"):
+        assert getattr(streamed_data, name, None) == getattr(data, name, None), name
+    streamed_data.setup("fit")
+    x, y = next(iter(streamed_data.val_dataloader()))  # validation: not shuffled, not augmented
+    expected_x, expected_y = next(iter(data.val_dataloader()))
+    assert x.dtype == expected_x.dtype and y.dtype == expected_y.dtype  # float features, int64 token ids and targets
+    assert torch.equal(y, expected_y) and torch.allclose(x, expected_x)  # targets not rounded, ids not normalised

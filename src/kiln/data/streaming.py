@@ -19,10 +19,11 @@ import torch
 from torch import Tensor
 
 from kiln.data.base import SampleDataset, TensorDataModule
-from kiln.data.on_device import augmentation_seed, seeded_augmentation, stats_view, to_unit_float
+from kiln.data.on_device import augmentation_seed, normalised, seeded_augmentation, stats_view, to_unit_float
 from kiln.errors import ConfigError, DataError
 
 META = "kiln.json"  # what the data declares (classes, shape, statistics), written next to the chunks
+SIZES = ("num_outputs", "vocab_size", "block_size")  # other declarations the model's links read (README's table)
 SPLITS = ("train", "val", "test")
 
 
@@ -51,6 +52,7 @@ def convert(data: TensorDataModule, output: str | Path, chunk_bytes: str = "64MB
         "mean": list(data.mean),
         "std": list(data.std),
         "source": type(data).__name__,
+        **{name: getattr(data, name) for name in SIZES if getattr(data, name, None) is not None},
     }
     (output / META).write_text(json.dumps(meta, indent=2))
     return output
@@ -67,14 +69,13 @@ def _streaming_dataset() -> type:
 
         def __getitem__(self, index: Any) -> tuple[Tensor, Tensor]:
             item = super().__getitem__(index)
-            x = to_unit_float(item["x"])
-            if self.augment is not None:
+            x = to_unit_float(torch.as_tensor(item["x"]))  # integer inputs (token ids) as they are
+            if self.augment is not None and torch.is_floating_point(x):
                 position = int(getattr(index, "index", index))
                 seed = augmentation_seed(self.kiln_seed, self.current_epoch, position)
                 with seeded_augmentation(seed), torch.inference_mode():
                     x = self.augment(x)
-            mean, std = self.normalise
-            return (x - mean) / std, torch.tensor(int(item["y"]))
+            return normalised(x, *self.normalise), torch.as_tensor(item["y"])  # targets keep their dtype
 
     return KilnStreamingDataset
 
@@ -132,11 +133,20 @@ class StreamingDataModule(TensorDataModule):
         self.default_mean, self.default_std = tuple(declared["mean"]), tuple(declared["std"])  # the converted data's
         super().__init__(**kwargs)
         self.root, self.cache_dir = root.rstrip("/"), cache_dir
-        self.num_classes = int(declared["num_classes"])
+        self.num_classes = int(declared["num_classes"]) if declared.get("num_classes") is not None else None
         self.input_shape = tuple(declared["input_shape"])
         self.class_names = tuple(declared["class_names"]) if declared.get("class_names") else None
+        self._outputs = declared.get("num_outputs", self.num_classes)  # a kiln.json without it: a logit per class
+        for name in SIZES[1:]:
+            if declared.get(name) is not None:
+                setattr(self, name, int(declared[name]))
         self._train_loader: Any = None
         self._pending: dict[str, Any] | None = None  # a checkpoint's loader state, for the next training loader
+
+    @property
+    def num_outputs(self) -> int | None:
+        """What the converted data declared a network gives per sample."""
+        return self._outputs
 
     def state_dict(self) -> dict[str, Any]:
         return {"loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
