@@ -69,6 +69,15 @@ def test_a_missing_column_names_the_columns_there_are(tmp_path: Path) -> None:
         HFDataModule(path=tmp_path / "d")
 
 
+def test_real_valued_labels_are_refused_not_read_as_one_class_per_value(tmp_path: Path) -> None:
+    import datasets
+
+    rows = {"x": [[0.0, 1.0]] * 4, "label": [0.25, 1.5, 0.25, 3.75]}  # a regression's targets: were 3 "classes"
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "d"))
+    with pytest.raises(DataError, match=r"the label column 'label' holds real values \(0.25, …\); HFDataModule reads"):
+        HFDataModule(path=tmp_path / "d", input_column="x")
+
+
 def test_a_dataset_by_name_goes_through_load_dataset_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import datasets
 

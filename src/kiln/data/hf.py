@@ -90,6 +90,10 @@ class HFDataModule(TensorDataModule):
         self.fractions, self.split_seed = (val_fraction, test_fraction), split_seed
         names = getattr(train.features[label_column], "names", None)  # a ClassLabel column's
         values = sorted({v for split in self.splits_found.values() for v in split[label_column]})
+        if any(isinstance(v, float) and not v.is_integer() for v in values):  # would be one class per value
+            raise DataError(f"data: the label column {label_column!r} holds real values ({values[0]}, …); "
+                            "HFDataModule reads class labels: for a regression, a TensorDataModule of your own "
+                            "(README: A dataset)")  # fmt: skip
         self._codes = None  # label strings to class indices, for string labels
         if names is None and all(isinstance(v, int) for v in values):
             names = [str(i) for i in range(int(max(values)) + 1)]
