@@ -406,6 +406,24 @@ def test_a_gpu_preset_without_a_gpu_stops_in_one_line_naming_the_file(capsys: py
     assert f"{CONFIGS / 'trainer' / 'gpu.yaml'}: trainer.accelerator asks for gpu, but torch sees no CUDA GPU" in line
 
 
+def test_the_slurm_preset_outside_a_slurm_job_step_stops_in_one_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as stop:  # was an internal error: KeyError 'SLURM_NODEID', deep in Lightning
+        main(["fit", "-c", str(CONFIGS / "trainer" / "slurm.yaml")])
+    assert stop.value.code == 1 and not Path("runs").exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert (
+        f"{CONFIGS / 'trainer' / 'slurm.yaml'}: trainer.plugins+[0].class_path holds Lightning's SLURMEnvironment"
+        in line
+    )
+    assert "this process has no SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID" in line
+
+
 def test_the_gpu_ddp_preset_on_cpu_processes_stops_in_one_line_naming_sync_batchnorm(
     capsys: pytest.CaptureFixture,
 ) -> None:

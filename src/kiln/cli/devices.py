@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
+from kiln.cli.classes import import_class
 from kiln.cli.config_errors import Source, where_written
 
 GPU = ("gpu", "cuda")
@@ -43,4 +45,28 @@ def sync_batchnorm_without_gpu(trainer: Any, settings: list[Source]) -> str | No
     return (
         f"{where} is true, but torch's SyncBatchNorm runs on CUDA GPUs only and this run is on the CPU: add "
         "--trainer.sync_batchnorm false, or run it where there is a GPU"
+    )
+
+
+SLURM_RANKS = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")  # what SLURMEnvironment reads
+
+
+def slurm_outside_a_job(trainer: Any, settings: list[Source]) -> str | None:
+    """Why a config with Lightning's ``SLURMEnvironment`` cannot run here: it reads the ranks from a SLURM job
+    step's variables (a ``KeyError`` deep in Lightning outside one)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    def is_slurm(plugin: Any) -> bool:
+        path = plugin.get("class_path") if hasattr(plugin, "get") else plugin
+        found = plugin if not isinstance(path, str) else import_class(path)
+        return isinstance(found, SLURMEnvironment) or (isinstance(found, type) and issubclass(found, SLURMEnvironment))
+
+    missing = [name for name in SLURM_RANKS if name not in os.environ]
+    if not missing or not any(is_slurm(p) for p in trainer.get("plugins") or []):
+        return None
+    where = where_written(settings, lambda path, value: "SLURMEnvironment" in str(value), "trainer.plugins")
+    return (
+        f"{where} holds Lightning's SLURMEnvironment, which reads the ranks from a SLURM job step, and this "
+        f"process has no {', '.join(missing)}: run it in one (scripts/slurm.sbatch runs kiln under srun), or "
+        "leave that file out"
     )

@@ -29,7 +29,7 @@ from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
-from kiln.cli.devices import fall_back_from_bf16, missing_gpu, sync_batchnorm_without_gpu
+from kiln.cli.devices import fall_back_from_bf16, missing_gpu, slurm_outside_a_job, sync_batchnorm_without_gpu
 from kiln.cli.from_checkpoint import (
     BUILT_FROM,
     BUILT_FROM_KEY,
@@ -396,8 +396,9 @@ class KilnCLI(LightningCLI):
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
-        if why := missing_gpu(config.trainer, settings) or sync_batchnorm_without_gpu(config.trainer, settings):
-            raise ConfigError(why)
+        for check in (missing_gpu, sync_batchnorm_without_gpu, slurm_outside_a_job):
+            if why := check(config.trainer, settings):
+                raise ConfigError(why)
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
             raise UsageError(
                 f"kiln {self.subcommand}: no --ckpt_path, so it would score an untrained network; name the weights: "
