@@ -191,9 +191,15 @@ def test_a_resume_onto_other_data_is_refused_in_one_line(tmp_path: Path, capsys:
     (line,) = error_lines(capsys)
     assert line.startswith("error: data.init_args.split_seed: the checkpoint ")
     assert "with 0, this command gives 7" in line
+    # another seed: the order and augmentation of the epochs left would follow it, and config.yaml name it alone
+    assert exit_code(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--seed_everything", "7"]) == 1
+    (line,) = error_lines(capsys)
+    assert line.startswith("error: seed_everything: the run of ") and "trained with 42, this command gives 7" in line
     assert config.read_text() == before  # the run is as it was
-    resumed = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.batch_size", "32"])
+    resumed = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--data.batch_size", "32",
+                         "--seed_everything", "true"])  # fmt: skip
     assert resumed.trainer.current_epoch == 2  # another batch size is the same data: resumed
+    assert resumed.config.fit.seed_everything == 42  # any seed: the run's
 
 
 @pytest.mark.slow

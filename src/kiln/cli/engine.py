@@ -45,6 +45,7 @@ from kiln.cli.parser import KilnArgumentParser, plain_config
 from kiln.cli.resume_check import (
     average_line,
     keep_given_secrets,
+    keep_run_seed,
     keep_saved_stats,
     refuse_changed_data,
     refuse_changed_settings,
@@ -355,6 +356,7 @@ class KilnCLI(LightningCLI):
             refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
                                 self.config.fit.ckpt_path)  # fmt: skip
             refuse_dropped_average(checkpoint, self.config.fit.trainer.callbacks, self.config.fit.ckpt_path)
+            keep_run_seed(self.config.fit, self.config.fit.ckpt_path)
             return  # the model and data are built from the command line, which matches the checkpoint
         if self._trained is not None:
             return  # parsed with the checkpoint's model and data under the command's own settings

@@ -9,7 +9,9 @@ from jsonargparse import Namespace
 from kiln.cli.classes import import_class
 from kiln.cli.links import TARGETS
 from kiln.errors import ConfigError
+from kiln.files import load_yaml
 from kiln.process.secrets import REDACTED
+from kiln.runs.folders import layout, run_of
 
 # settings that change speed or memory, not the computation: a resume may change them
 RUNTIME_ONLY = {
@@ -135,6 +137,27 @@ def average_line(checkpoint: dict[str, Any], callbacks: Any, subcommand: str, ck
     raw = " (-c configs/callbacks/ema.yaml also tests the weights trained, as test_raw/...)"
     return f"weights: the EMA average {ckpt_path} holds, as the fit validated and tested them" + (
         raw if subcommand == "test" else "")  # fmt: skip
+
+
+def keep_run_seed(config: Namespace, ckpt_path: str) -> None:
+    """A resume goes on with its run's seed, which its data order and augmentation follow: another is refused
+    (the run would mix two seeds, and its config.yaml would name only the second); ``true`` (any) takes the run's."""
+    saved_config = layout(run_of(ckpt_path)).config
+    try:
+        saved = (load_yaml(saved_config.read_text()) or {}).get("seed_everything") if saved_config.is_file() else None
+    except (OSError, ValueError):
+        return
+    given = config.get("seed_everything")
+    if not isinstance(saved, int) or isinstance(saved, bool) or given == saved:
+        return
+    if given is True:
+        config.seed_everything = saved
+        return
+    raise ConfigError(
+        f"seed_everything: the run of {ckpt_path} was trained with {saved}, this command gives {given}; a resume "
+        "goes on with the run's seed (its data order and augmentation follow it), so drop the change, or start a "
+        "new run without --ckpt_path"
+    )
 
 
 def keep_saved_stats(hparams: dict[str, Any] | None, data: Namespace) -> None:
