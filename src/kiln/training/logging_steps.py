@@ -23,7 +23,8 @@ def write_now(trainer: Trainer, metrics: Mapping[str, Tensor | float], step: int
     the epoch's end, never."""
     if not metrics or not trainer.loggers or not trainer.is_global_zero:
         return
-    values = torch.stack([torch.as_tensor(v).detach().float().cpu() for v in metrics.values()]).tolist()
+    device = next((v.device for v in metrics.values() if isinstance(v, Tensor)), None)
+    values = torch.stack([torch.as_tensor(v, device=device).detach().float() for v in metrics.values()]).tolist()
     written = {**dict(zip(metrics, values, strict=True)), "epoch": trainer.current_epoch}
     for logger in trainer.loggers:
         logger.log_metrics(written, step=step)
