@@ -16,6 +16,16 @@ def import_class(dotted: str) -> Any:
         return None
 
 
+def is_a(entry: Any, base: type) -> bool:
+    """Whether a configured class (a ``class_path`` node, a dotted path, or an object already built) is, or derives
+    from, ``base`` (a user's subclass counts)."""
+    if isinstance(entry, base):
+        return True
+    path = entry.get("class_path") if hasattr(entry, "get") else entry
+    cls = import_class(path) if isinstance(path, str) else None
+    return isinstance(cls, type) and issubclass(cls, base)
+
+
 def parameters(cls: Any) -> list[str]:
     """The arguments a class accepts, through ``**kwargs`` to its bases as jsonargparse reads them."""
     return list(defaults(cls))

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kiln.cli.classes import import_class
+from kiln.cli.classes import is_a
 from kiln.cli.config_errors import Source, where_written
 
 GPU = ("gpu", "cuda")
@@ -56,13 +56,8 @@ def slurm_outside_a_job(trainer: Any, settings: list[Source]) -> str | None:
     step's variables (a ``KeyError`` deep in Lightning outside one)."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    def is_slurm(plugin: Any) -> bool:
-        path = plugin.get("class_path") if hasattr(plugin, "get") else plugin
-        found = plugin if not isinstance(path, str) else import_class(path)
-        return isinstance(found, SLURMEnvironment) or (isinstance(found, type) and issubclass(found, SLURMEnvironment))
-
     missing = [name for name in SLURM_RANKS if name not in os.environ]
-    if not missing or not any(is_slurm(p) for p in trainer.get("plugins") or []):
+    if not missing or not any(is_a(p, SLURMEnvironment) for p in trainer.get("plugins") or []):
         return None
     where = where_written(settings, lambda path, value: "SLURMEnvironment" in str(value), "trainer.plugins")
     return (

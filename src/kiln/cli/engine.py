@@ -27,7 +27,7 @@ from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
-from kiln.cli.classes import import_class
+from kiln.cli.classes import import_class, is_a
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
 from kiln.cli.devices import fall_back_from_bf16, missing_gpu, slurm_outside_a_job, sync_batchnorm_without_gpu
 from kiln.cli.from_checkpoint import (
@@ -51,7 +51,7 @@ from kiln.cli.resume_check import (
     refuse_changed_settings,
     refuse_dropped_average,
 )
-from kiln.cli.run_paths import RunPaths, class_nodes, is_a
+from kiln.cli.run_paths import RunPaths, class_nodes
 from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
@@ -281,9 +281,9 @@ class KilnCLI(LightningCLI):
     def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse; a switched class gets its own defaults (kiln.cli.class_switch) before anything reads the config."""
         own_argv = argv_hidden() if args is not None else contextlib.nullcontext()  # a notebook's: no warning
-        try:
-            with _ActionPrintConfig.skip_print_config(), own_argv:  # printed below, once a switched class's defaults
-                super().parse_arguments(parser, args)  # are its own
+        try:  # --print_config is printed below, once a switched class has its own defaults
+            with _ActionPrintConfig.skip_print_config(), own_argv:
+                super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             given = self._given
             known = getattr(self, "_subcommand_parsers", {}).get(self._named, parser)  # a LightningCLI attribute

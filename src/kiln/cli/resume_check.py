@@ -6,7 +6,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from kiln.cli.classes import import_class
+from kiln.cli.classes import import_class, is_a
 from kiln.cli.links import TARGETS
 from kiln.errors import ConfigError
 from kiln.files import load_yaml
@@ -106,21 +106,18 @@ def refuse_changed_data(hparams: dict[str, Any] | None, data: Namespace, ckpt_pa
         )
 
 
-def averages(callback: Any) -> bool:
-    """Whether a configured callback (a class path, or its ``class_path``/``init_args`` form) averages weights."""
+def average_dropped(checkpoint: dict[str, Any], callbacks: Any) -> bool:
+    """Whether the checkpoint's weights are an average (EMA: its ``state_dict``) and the configured callbacks
+    average no more."""
     from lightning.pytorch.callbacks import WeightAveraging
 
-    if isinstance(callback, WeightAveraging):
-        return True
-    path = callback.get("class_path") if isinstance(callback, Namespace | dict) else callback
-    cls = import_class(str(path)) if path else None
-    return isinstance(cls, type) and issubclass(cls, WeightAveraging)
+    return "current_model_state" in checkpoint and not any(is_a(c, WeightAveraging) for c in callbacks or ())
 
 
 def refuse_dropped_average(checkpoint: dict[str, Any], callbacks: Any, ckpt_path: str) -> None:
-    """Stop before training when the checkpoint's weights are an average (EMA) and the command averages no more:
-    its ``state_dict`` is the average, so Lightning would go on training from it, not from the weights trained."""
-    if "current_model_state" not in checkpoint or any(averages(c) for c in callbacks or ()):
+    """Stop before training when the command drops the checkpoint's weight averaging: Lightning would go on
+    training from the average, not from the weights trained."""
+    if not average_dropped(checkpoint, callbacks):
         return
     raise ConfigError(
         f"trainer.callbacks: the checkpoint {ckpt_path} was trained with weight averaging (kiln.callbacks.EMA), "
@@ -132,7 +129,7 @@ def refuse_dropped_average(checkpoint: dict[str, Any], callbacks: Any, ckpt_path
 
 def average_line(checkpoint: dict[str, Any], callbacks: Any, subcommand: str, ckpt_path: str) -> str | None:
     """What validate/test/predict score of an EMA checkpoint without EMA: its average (its ``state_dict``)."""
-    if "current_model_state" not in checkpoint or any(averages(c) for c in callbacks or ()):
+    if not average_dropped(checkpoint, callbacks):
         return None
     raw = " (-c configs/callbacks/ema.yaml also tests the weights trained, as test_raw/...)"
     return f"weights: the EMA average {ckpt_path} holds, as the fit validated and tested them" + (

@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 
-from kiln.cli.classes import import_class, parameters
+from kiln.cli.classes import import_class, is_a, parameters
 from kiln.errors import ConfigError
 from kiln.runs.folders import layout, wandb_run_id
 from kiln.wandb.mode import ensure_wandb_mode
@@ -26,12 +26,6 @@ def class_nodes(value: Any, at: Key) -> Iterator[tuple[Key, Namespace]]:
     for i, item in enumerate(items):
         if isinstance(item, Namespace) and "class_path" in item:
             yield ((*at, i) if isinstance(value, list) else at), item
-
-
-def is_a(node: Namespace, base: type) -> bool:
-    """Whether the class a ``class_path`` names is, or derives from, ``base`` (a user's subclass counts)."""
-    cls = import_class(node.class_path)
-    return isinstance(cls, type) and issubclass(cls, base)
 
 
 def _run_folder_of(path: Path) -> Path | None:
