@@ -18,6 +18,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -39,9 +40,6 @@ COMMANDS = {
 }
 FULL = (errno.ENOSPC, errno.EDQUOT)
 WITHOUT_TORCH = ("infer", "diff")  # commands that run where torch is not installed, or need not load it
-
-
-own_runs = False  # the command (sweep, multirun) runs `kiln fit` itself and records each run's end
 
 
 LIGHTNING = {  # LightningCLI's own subcommands, which kiln.cli runs
@@ -154,21 +152,26 @@ def _unexpected(err: Exception) -> str:
     return f"error: {(os_error(err) if isinstance(err, OSError) else None) or _full_disk(err) or internal_error(err)}"
 
 
-def _record(state: str, detail: str = "") -> None:
-    """How a Lightning command ended, in its run folder (sweep and multirun record each of their runs)."""
-    if not own_runs:
-        folders.record_status(state, detail)
+@dataclass(frozen=True)
+class _Ending:
+    """How this command ends, said in one line and, for a Lightning command, recorded in its run folder."""
 
+    records: bool  # false for sweep and multirun: they run `kiln fit` themselves and record each run's end
 
-def _leave(message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
-    """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file);
-    a run folder that stays records how its command ended (sweep and multirun record their own runs')."""
-    if remove_run and (removed := folders.remove_failed_run()):
-        print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
-    line = message() if callable(message) else message
-    _record("failed" if remove_run else "interrupted", line)
-    print(line, file=sys.stderr)
-    sys.exit(code)
+    def record(self, state: str, detail: str = "") -> None:
+        """The command's end in its run folder."""
+        if self.records:
+            folders.record_status(state, detail)
+
+    def leave(self, message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
+        """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file);
+        a run folder that stays records how its command ended."""
+        if remove_run and (removed := folders.remove_failed_run()):
+            print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
+        line = message() if callable(message) else message
+        self.record("failed" if remove_run else "interrupted", line)
+        print(line, file=sys.stderr)
+        sys.exit(code)
 
 
 def _exiting(process: bool) -> None:
@@ -189,32 +192,31 @@ def main(args: list[str] | None = None) -> None:
     load_env_file()  # the project's .env (WANDB_API_KEY, …): under variables already set
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
-    global own_runs
-    own_runs = bool(argv[:1] and argv[0] in COMMANDS)
+    end = _Ending(records=not (argv[:1] and argv[0] in COMMANDS))
     try:
         _command(argv, given=args is not None, process=process)()
-        _record("finished")
+        end.record("finished")
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
     except KilnError as err:
-        _leave(f"error: {err}", err.exit_code)
+        end.leave(f"error: {err}", err.exit_code)
     except Stopped as stop:
         _exiting(process)
-        _leave(str(stop), stop_signals.exit_code(stop.signal_name), remove_run=False)
+        end.leave(str(stop), stop_signals.exit_code(stop.signal_name), remove_run=False)
     except Interrupted as stop:  # a `kiln fit` process of sweep/multirun was: exit as it did
         _exiting(process)
         sys.exit(stop.code)
     except Preempted as stop:
         _exiting(process)  # rank 0 has requeued the job: SLURM's SIGTERM to the tasks may come any moment
-        _record("interrupted", f"SIGUSR1: {stop}")
+        end.record("interrupted", f"SIGUSR1: {stop}")
         sys.exit(stop_signals.exit_code("SIGUSR1"))  # PreemptionCheckpoint said where it saved
     except KeyboardInterrupt:
-        _leave("stopped (Ctrl-C)", 130, remove_run=False)
+        end.leave("stopped (Ctrl-C)", 130, remove_run=False)
     except SystemExit as stop:
         if type(stop).__name__ == "SIGTERMException":  # Lightning's: PreemptionCheckpoint said where it saved
             _exiting(process)
-            _record("interrupted", "SIGTERM")
+            end.record("interrupted", "SIGTERM")
             sys.exit(stop_signals.exit_code("SIGTERM"))
         raise
     except Exception as err:  # an OSError a user can act on, or an internal error
-        _leave(partial(_unexpected, err), 1)
+        end.leave(partial(_unexpected, err), 1)
