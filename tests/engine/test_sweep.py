@@ -17,6 +17,7 @@ import torch
 import yaml
 from helpers import CONFIGS, LIMIT, PROBES
 
+from kiln import results
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
 from kiln.commands.sweep.driver import sweep_command
@@ -114,6 +115,11 @@ def test_a_diverging_trial_fails_with_the_guards_line_and_a_bad_one_is_pruned(tm
     trials = study(tmp_path).get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE", "FAIL", "PRUNED"]
     assert trials[2].user_attrs["error"].startswith("non-finite training step")  # the guard's own line
+    listed = results.runs(tmp_path / "runs" / "sweeps").set_index("experiment")  # the failed run saved nothing
+    assert list(listed.index) == ["tiny/trial-0000", "tiny/trial-0001", "tiny/trial-0003"]
+    assert list(listed.status) == ["finished"] * 3
+    assert list(listed.detail[:2]) == ["", ""]
+    assert listed.detail.iloc[2].startswith("the sweep pruned after epoch 0 (val/loss ")  # a cut run's numbers
 
 
 @pytest.mark.slow

@@ -96,14 +96,25 @@ def run_trial(
     if recorded.user_attrs.get("pruned"):
         study.tell(trial, state=TrialState.PRUNED)
         epoch = max(reported)
-        print(f"{name}: pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})", file=sys.stderr)
+        line = f"pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})"
+        _tell_run(sweep_dir / name, f"the sweep {line}")
+        print(f"{name}: {line}", file=sys.stderr)
         return "PRUNED"
     best = _best(reported, sweep.direction)
     if best is None:
+        _tell_run(sweep_dir / name, f"the sweep failed it: {sweep.metric} was never logged in validation")
         return _fail(study, trial, f"{sweep.metric} was never logged in validation")
     study.tell(trial, best)
     print(f"{name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
     return "COMPLETE"
+
+
+def _tell_run(runs: Path, line: str) -> None:
+    """What the sweep made of a trial whose fit finished, beside ``finished`` in its run folder's status
+    (``kiln.results`` lists it): a pruned run's numbers are those of a cut run."""
+    ended = sorted(runs.glob("*/status.json"), key=lambda status: status.stat().st_mtime)
+    if ended:
+        folders.record_status("finished", line, ended[-1].parent)
 
 
 def _fail(study: Any, trial: Any, message: str) -> str:
