@@ -189,6 +189,23 @@ def test_a_switched_data_class_gets_its_own_defaults_not_the_old_classs(capsys: 
     assert exit_info.value.code in (0, None) and printed["data"]["init_args"]["test_fraction"] == 0.1  # before: 0.2
 
 
+def test_a_run_of_switched_data_is_named_after_its_data_class_unless_run_name_is_written(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """A user's data in a ``-c`` file without ``run.name`` filed its runs under ``runs/digits``, the default's name
+    (and ``kiln.results`` listed them as that experiment)."""
+
+    def run_name(*args: str) -> str:
+        with pytest.raises(SystemExit):
+            main(["fit", *args, "--print_config"])
+        return str(yaml.safe_load(capsys.readouterr().out)["run"]["name"])
+
+    assert run_name() == "digits"
+    assert run_name("--data", "research.data.WaveformsDataModule") == "waveforms"  # before: digits
+    assert run_name("--data", "research.data.WaveformsDataModule", "--run.name", "mine") == "mine"
+    assert run_name("-c", str(CONFIGS / "data" / "streaming.yaml")) == "streamed"  # the preset's own name
+
+
 def test_a_value_typed_numbers_number_is_written_as_the_number_and_read_back(capsys: pytest.CaptureFixture) -> None:
     """torchvision types ``RandomAffine``'s ``degrees`` as ``numbers.Number``: the run trained, but its config.yaml
     said ``degrees: Unable to serialize instance 10``, which ``-c`` and ``--ckpt_path`` refused to read back."""

@@ -180,7 +180,8 @@ def test_a_resume_onto_other_data_is_refused_in_one_line(tmp_path: Path, capsys:
     first = build_cli(["fit", *QUIET, "--ckpt_path", "last", "--trainer.max_epochs", "1"])  # digits
     write_image_folder(tmp_path / "images", classes=10, per_class=8)  # 10 classes of 8x8 grey images: same shape
     folder = ["--data", "kiln.data.FolderDataModule", "--data.root", str(tmp_path / "images"), "--data.image_size",
-              "8", "--data.channels", "1", "--data.num_workers", "0"]  # fmt: skip
+              "8", "--data.channels", "1", "--data.num_workers", "0",
+              "--run.name", "digits"]  # fmt: skip  # unset, its runs would be runs/folder's: no digits checkpoint there
     config = Path(first.trainer.default_root_dir) / "config.yaml"
     before = config.read_text()
     capsys.readouterr()

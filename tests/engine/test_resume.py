@@ -474,9 +474,9 @@ def test_a_plain_datamodule_resumes_mid_epoch_with_one_line_saying_it_is_not_exa
             "--trainer.callbacks.every_n_train_steps=4", "--trainer.callbacks.save_top_k=-1",
             "--trainer.callbacks.filename=mid-{step}"]  # fmt: skip
     main(args)
-    mid = next(tmp_path.glob("digits/*/checkpoints/mid-step=4.ckpt"))
+    mid = next(tmp_path.glob("plain_digits/*/checkpoints/mid-step=4.ckpt"))
     main([*args, "--ckpt_path", str(mid)])  # was: internal error (exact mid-epoch resume needs … resume_position)
-    log = "".join(p.read_text() for p in tmp_path.glob("digits/*/console.log"))  # the console's lines, kept
+    log = "".join(p.read_text() for p in tmp_path.glob("plain_digits/*/console.log"))  # the console's lines, kept
     said = [line.split(": ", 1)[1] for line in log.splitlines() if "cannot resume its training order" in line]
     assert said == [
         "PlainDigits cannot resume its training order mid-epoch: the rest of epoch 0 is drawn from the start of its "

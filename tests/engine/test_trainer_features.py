@@ -112,7 +112,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
     for key in rank0["state"]:
         assert torch.equal(rank0["state"][key], rank1["state"][key])  # DDP kept the replicas identical
     # one run folder, one W&B run, checkpoints written once
-    (run_dir,) = (tmp_path / "runs" / "digits").iterdir()
+    (run_dir,) = (tmp_path / "runs" / "fixed_order_digits").iterdir()  # named after its data class
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 1
     assert sorted(p.name.split("-")[0] for p in (run_dir / "checkpoints").iterdir()) == ["best", "last.ckpt"]
 
@@ -137,7 +137,7 @@ def test_ddp_on_two_cpu_processes_matches_one_process(tmp_path: Path) -> None:
                "--run.root", str(tmp_path / "runs")]  # fmt: skip
     predicted = forkserver.run(predict, capture_output=True, text=True, env=env, timeout=400)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
-    (ddp_dir,) = (tmp_path / "runs" / "digits").glob("predict-*")
+    (ddp_dir,) = (tmp_path / "runs" / "fixed_order_digits").glob("predict-*")  # the checkpoint's data names it
     assert f"predictions: {ddp_dir / 'predictions.csv'} (359 rows from 2 of 2 ranks, in dataset order)" in (
         predicted.stderr.splitlines())  # fmt: skip
     assert sorted(p.name for p in ddp_dir.glob("*.csv")) == ["predictions.csv"]  # no rank file left
@@ -176,7 +176,7 @@ def test_under_ddp_a_plain_datamodules_repeated_evaluation_samples_are_said_and_
         "sampler=kiln.data.EvaluationShard(dataset, trainer.world_size, trainer.global_rank)"
     ]
     assert "Using `DistributedSampler` with the dataloaders" not in done.stderr  # Lightning's, said either way
-    (run_dir,) = (tmp_path / "digits").iterdir()
+    (run_dir,) = (tmp_path / "sharded_val_digits").iterdir()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["repeated_samples"] == {"test": {"samples": 179, "counted": 180}}
 

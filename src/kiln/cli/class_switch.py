@@ -5,6 +5,7 @@ keep those too): the new class gets its own."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def carried_over(config: Namespace, default_file: Path, written: list[Source]) -
 
 def own_defaults(config: Namespace, default_file: Path, written: list[Source]) -> None:
     """For each switched class, the arguments nobody wrote (in ``default_file`` or after it) set to the new class's
-    own defaults, where the old class's defaults were carried over instead."""
+    own defaults, where the old class's defaults were carried over instead; switched data names the run, unless
+    ``run.name`` was written."""
     defaults_file = load_yaml(default_file.read_text()) or {}
     by_user = {skeleton(path) for source in written for path, _ in source.entries}
     for path in SWITCHABLE:
@@ -71,6 +73,22 @@ def own_defaults(config: Namespace, default_file: Path, written: list[Source]) -
                 node.init_args[key] = mine
             elif type(value) not in (int, float, str, bool) and isinstance(value, int | float | str):
                 node.init_args[key] = _plain(value)  # the old class's restricted type (PositiveInt): not the new's
+    run, data = config.get("run"), str(_node(config, "data.class_path") or "")
+    if (
+        isinstance(run, Namespace)
+        and data
+        and data != _node(defaults_file, "data.class_path")
+        and (("run", "name") not in by_user)
+    ):
+        run.name = run_name(data)  # runs of other data are not filed under the default experiment's name
+
+
+def run_name(data_class_path: str) -> str:
+    """The experiment name a data class gives its runs: ``FolderDataModule`` -> ``folder``."""
+    name = data_class_path.rsplit(".", 1)[-1]
+    for suffix in ("DataModule", "Data"):
+        name = name.removesuffix(suffix) or name
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def _plain(value: int | float | str) -> int | float | str:
