@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import heapq
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from itertools import chain
 from pathlib import Path
 from typing import IO, Any
@@ -65,8 +65,36 @@ def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch
     classes = declared_classes(trainer)
     if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
         return class_columns(prediction, target, declared_names(trainer))
-    n = len(prediction) if isinstance(prediction, Tensor) and prediction.ndim else 0
-    return {**_values("target", target, n), **_values("prediction", prediction, n)}
+    outputs = _outputs(prediction)
+    n = len(next(iter(outputs.values()))) if outputs else 0
+    if not n or any(len(values) != n for values in outputs.values()):
+        raise UsageError(
+            f"PredictionWriter: predict_step returned {_kind(prediction)}, which makes no rows: return a tensor, or a "
+            "tuple or dict of tensors, with one row per sample, or give the LightningModule "
+            "prediction_columns(prediction, batch) returning the columns to write (kiln.training.contracts)"
+        )
+    columns = _values("target", target, n)
+    for name, values in outputs.items():
+        columns.update(_values(name, values, n))
+    return columns
+
+
+def _outputs(prediction: Any) -> dict[str, Tensor]:
+    """A prediction's outputs by column name: a tensor's ``prediction``, a dict's keys, a tuple's ``prediction<k>``;
+    none when any part is not a tensor of one row per sample."""
+    if isinstance(prediction, Mapping):
+        named = {str(key): value for key, value in prediction.items()}
+    elif isinstance(prediction, list | tuple):
+        named = {f"prediction{k}": value for k, value in enumerate(prediction)}
+    else:
+        named = {"prediction": prediction}
+    return named if all(isinstance(v, Tensor) and v.ndim for v in named.values()) else {}
+
+
+def _kind(prediction: Any) -> str:
+    if isinstance(prediction, Tensor):
+        return f"a tensor of shape {tuple(prediction.shape)}"
+    return f"a {type(prediction).__name__}" + (f" of {len(prediction)}" if isinstance(prediction, Sized) else "")
 
 
 class PredictionWriter(BasePredictionWriter):
