@@ -88,6 +88,19 @@ def test_an_empty_seed_range_and_every_run_failing_exit_non_zero(capsys: pytest.
     assert stop.value.code == 1 and "every run failed (2)" in capsys.readouterr().err
 
 
+def test_folds_of_data_that_cannot_fold_are_one_line_naming_the_data_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The line named --data.init_args.num_folds, which the user never wrote (multirun adds it)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["multirun", "--folds", "2", "--root", str(tmp_path), "--", "--data", "probes.PlainDigits"])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "error: --folds: probes.PlainDigits takes no num_folds and fold; folds need a datamodule that cuts its train "
+        "and val splits by them (kiln.data.TensorDataModule and its subclasses do)"
+    ]
+    assert not any(tmp_path.iterdir())  # nothing planned, nothing made
+
+
 def test_folds_are_disjoint_cover_train_and_val_and_share_the_test_split() -> None:
     plain = DigitsDataModule(num_workers=0)
     plain.setup()

@@ -50,6 +50,19 @@ T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
        2.042)  # fmt: skip
 
 
+def _check_folds(fit_args: list[str]) -> None:
+    """``--folds`` sets ``data.num_folds`` and ``data.fold``: the data class must take them."""
+    from kiln.cli.classes import defaults, import_class
+
+    path = str(((load_yaml(resolved_config(fit_args)) or {}).get("data") or {}).get("class_path", ""))
+    found = import_class(path)
+    if found is not None and not {"num_folds", "fold"} <= set(defaults(found)):
+        raise UsageError(
+            f"--folds: {path} takes no num_folds and fold; folds need a datamodule that cuts its train and val "
+            "splits by them (kiln.data.TensorDataModule and its subclasses do)"
+        )
+
+
 def seeds(text: str) -> list[int]:
     """``0-4`` or ``1,3,7`` (or a mix) as a list of seeds."""
     found: list[int] = []
@@ -268,6 +281,8 @@ def multirun_command(args: list[str]) -> None:
     options, fit_args = parse_command(parser, args)
     if options.folds is not None and options.folds < 2:
         raise UsageError(f"--folds {options.folds}: give 2 or more")
+    if options.folds is not None:
+        _check_folds(fit_args)
     root = Path(options.root) / options.name
     tested = "--run.test_after_fit=false" not in fit_args
     folds = list(range(options.folds)) if options.folds else [None]
