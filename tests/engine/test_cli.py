@@ -503,3 +503,15 @@ def test_build_cli_in_a_notebook_draws_no_warning_about_the_kernels_own_argument
     build_cli([*LIMIT, "--trainer.logger", "false"], run=False)
     assert not [w for w in recwarn if "intended to run from within Python" in str(w.message)]
     assert sys.argv == kernel
+
+
+def test_the_model_summary_of_a_module_without_an_example_input_says_flops_were_not_counted(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Lightning printed "Total FLOPs: 0" (and 0 per layer) for a module it had no input to count them on."""
+    build_cli(["fit", "--data", "probes.PlainDigits", "--model.init_args.num_classes", "10",
+               "--model.init_args.net.init_args.in_channels", "1", "--trainer.fast_dev_run", "1",
+               "--trainer.logger", "false"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "Total params: 56.6 K" in out and "Total FLOPs: 0" not in out and "┃ FLOPs ┃" not in out
+    assert "Total FLOPs: not counted (the module has no example_input_array)" in out

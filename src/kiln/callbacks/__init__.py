@@ -14,6 +14,7 @@ from kiln.callbacks.progress import ProgressBar
 from kiln.callbacks.resume import ExactResume
 from kiln.callbacks.run_metrics import RunMetrics
 from kiln.callbacks.speed import ChannelsLast, Compile
+from kiln.callbacks.summary import ModelSummary
 from kiln.callbacks.train_loss import TrainLoss
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ExactResume",
     "GradNormMonitor",
     "LastCheckpoint",
+    "ModelSummary",
     "NonFiniteGuard",
     "OverfitReport",
     "PredictionWriter",
