@@ -174,6 +174,17 @@ class SignalInEvaluation(Callback):
         self._maybe_send(trainer, args[2])
 
 
+class SignalInTraining(SignalInEvaluation):
+    """Sends a real signal to this process after training batch ``batch`` (of epoch ``epoch``), once: inside a
+    gradient accumulation when ``batch + 1`` is not a multiple of ``accumulate_grad_batches``."""
+
+    def __init__(self, batch: int, marker: str, name: str = "SIGTERM", epoch: int | None = None) -> None:
+        super().__init__("train", batch, marker, name, epoch)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._maybe_send(trainer, args[2])
+
+
 class RecordLabels(Callback):
     """Appends each training batch's labels to ``path`` (one JSON list per line): which samples came when."""
 

@@ -41,8 +41,9 @@ def agreed_stop(trainer: Trainer) -> str | None:
 
 
 def _take_over_sigterm(trainer: Trainer) -> None:
-    """Under DDP, SIGTERM is noted (and passed on to the ranks rank 0 started), never broadcast from the handler."""
-    if trainer.world_size == 1 or threading.current_thread() is not threading.main_thread():
+    """SIGTERM is noted (and passed on to the ranks rank 0 started), never broadcast from the handler (DDP), and
+    training stops where a step begins, not inside a gradient accumulation (Lightning stops at any batch's end)."""
+    if threading.current_thread() is not threading.main_thread():
         return
     launcher = trainer.strategy.launcher
 
@@ -111,6 +112,8 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun
+        if batch_idx % trainer.accumulate_grad_batches:  # inside an accumulation: its gradients are in no checkpoint
+            return  # (the same batch on every rank: DDP's ranks agree on the stop at the window's end)
         name = _ours(agreed_stop(trainer), trainer)
         if name is None:
             return  # no stop, or Lightning's handler stops its loop at the end of the step the signal came in
@@ -132,7 +135,9 @@ class PreemptionCheckpoint(Callback):
 
     def _stop_evaluation(self, trainer: Trainer, batch_idx: int) -> None:
         if trainer.state.fn == "fit":
-            return  # in fit, validation finishes and training stops at its next step
+            if trainer.world_size == 1 and stop_signals.received() == "SIGTERM":
+                raise SIGTERMException  # saved in on_exception; the cut validation runs again on resume
+            return  # under DDP (and for SIGUSR1), validation finishes and training stops at its next step
         name = _ours(stop_signals.received(), trainer)  # each rank where it is: its batch count may differ
         if name is None:
             return  # no stop, or Lightning's handler stops its loop at the end of this batch
