@@ -14,6 +14,8 @@ import pytest
 import torch
 import yaml
 from helpers import CONFIGS, PROBES
+from lightning.pytorch.callbacks import ModelSummary as Summary
+from lightning.pytorch.callbacks import ProgressBar
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
@@ -262,3 +264,13 @@ def test_a_command_reads_the_default_config_once_and_the_next_command_reads_it_a
             main(["fit", "--trainer.max_epochs", str(epochs), "--print_config"])
         assert yaml.safe_load(capsys.readouterr().out)["trainer"]["max_epochs"] == epochs
     assert read == [str(CONFIGS / "train.yaml")] * 2  # before: four times
+
+
+def test_a_progress_bar_or_model_summary_added_replaces_the_default_one() -> None:
+    """Lightning takes one of each: an added TQDMProgressBar was an internal error ("multiple progress bar
+    callbacks"), and an added RichModelSummary (for its max_depth) printed a second summary."""
+    added = ["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks+=RichModelSummary",
+             "--trainer.callbacks.max_depth=2", "--trainer.logger", "false"]  # fmt: skip
+    callbacks = build_cli(added, run=False).trainer.callbacks  # type: ignore[attr-defined]
+    bars, summaries = ([type(c).__name__ for c in callbacks if isinstance(c, base)] for base in (ProgressBar, Summary))
+    assert bars == ["TQDMProgressBar"] and summaries == ["RichModelSummary"]

@@ -441,7 +441,7 @@ class KilnCLI(LightningCLI):
                 kept.append(callback)
             else:
                 console.LOG.info(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}")
-        config.trainer.callbacks = kept
+        config.trainer.callbacks = _later_replaces(kept)
 
     def instantiate_classes(self) -> None:
         try:
@@ -543,6 +543,19 @@ def argv_hidden() -> Iterator[None]:
         yield
     finally:
         sys.argv[1:] = command
+
+
+def _later_replaces(callbacks: list[Namespace]) -> list[Namespace]:
+    """Of the callbacks Lightning takes one of (a progress bar, a model summary), the last listed (``callbacks+``
+    adds after the defaults) replaces those before it: Lightning refused two bars and printed two summaries."""
+    kept = list(callbacks)
+    for base in (ProgressBar, ModelSummary):
+        same = [c for c in kept if is_a(c, base)]
+        for replaced in same[:-1]:
+            kept.remove(replaced)
+            gone, last = (c.class_path.rsplit(".", 1)[-1] for c in (replaced, same[-1]))
+            console.LOG.info(f"{gone}: left out, as {last} comes after it (Lightning takes one {base.__name__})")
+    return kept
 
 
 def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Namespace]:
