@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import WandbLogger
 from torch.utils.data import DataLoader, DistributedSampler
 
 from research.data import DigitsDataModule
+from research.models import Classifier
 
 
 class FixedOrderDigits(DigitsDataModule):
@@ -340,3 +341,9 @@ class GroupAtExit(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         path = Path(f"{self.marker}.{trainer.global_rank}.{os.getpid()}")
         atexit.register(lambda: path.write_text(str(torch.distributed.is_initialized())))
+
+
+class Untested(Classifier):
+    """A module without test_step (Lightning's own check: the attribute is None or not overridden)."""
+
+    test_step = None  # type: ignore[assignment]

@@ -25,10 +25,8 @@ def test_a_crash_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
     done = run(["fit", *LIMIT, *crash, "--trainer.enable_progress_bar", "false"], tmp_path)
     assert done.returncode == 1
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert (
-        line.startswith("error: internal error (TypeError: unsupported operand type(s)")
-        and "Traceback" not in done.stderr
-    )
+    assert line.startswith("error: TypeError: unsupported operand type(s)") and "Traceback" not in done.stderr
+    assert "(raised in your code: " in line and "faulty.py:" in line and "please report it" not in line  # not kiln's
     saved = Path(line.split("the traceback is in ")[1].split(";")[0])
     assert saved.parent.parent.name == "digits"  # in the run folder, which holds the checkpoints of epoch 0 ...
     assert "Traceback (most recent call last)" in saved.read_text() and "faulty.py" in saved.read_text()
@@ -37,3 +35,14 @@ def test_a_crash_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
     (line,) = [line for line in early.stderr.splitlines() if line.startswith("error:")]
     saved = Path(line.split("the traceback is in ")[1].split(";")[0])  # ... or, with no run folder left, a temp file
     assert saved.is_file() and not (tmp_path / "early" / "runs" / "digits").exists()
+
+
+def test_an_error_raised_in_kilns_own_code_is_an_internal_error_to_report() -> None:
+    """Called from the user's code (this test), through a library (yaml), raised where kiln called it: kiln's."""
+    from kiln.commands.boundary import internal_error
+    from kiln.files import load_yaml
+
+    with pytest.raises(Exception) as raised:
+        load_yaml("key: [")
+    line = internal_error(raised.value)
+    assert line.startswith("internal error (") and line.endswith("; please report it") and "your code" not in line

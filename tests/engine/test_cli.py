@@ -515,3 +515,21 @@ def test_the_model_summary_of_a_module_without_an_example_input_says_flops_were_
     out = capsys.readouterr().out
     assert "Total params: 56.6 K" in out and "Total FLOPs: 0" not in out and "┃ FLOPs ┃" not in out
     assert "Total FLOPs: not counted (the module has no example_input_array)" in out
+
+
+def test_a_module_without_test_step_trains_says_it_was_not_tested_and_kiln_test_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Training ended in "internal error (MisconfigurationException: No `test_step()` method defined …); please
+    report it" at the test after fit, and `kiln test` said the same."""
+    args = [*LIMIT, "--model", "probes.Untested", "--trainer.logger", "false", "--run.root", str(tmp_path)]
+    main(["fit", *args])
+    out = capsys.readouterr().out
+    assert "not tested: Untested has no test_step; kiln test needs it" in out and "val/loss" in out
+    (run_dir,) = (tmp_path / "digits").iterdir()
+    assert results.status(run_dir) == ("finished", "")
+    with pytest.raises(SystemExit) as stop:
+        main(["test", *args, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "error: kiln test: Untested has no test_step; add it to evaluate a checkpoint on the test split"
+    )

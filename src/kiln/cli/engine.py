@@ -71,7 +71,7 @@ from kiln.runs.folders import (
 )
 from kiln.runs.provenance import write_environment
 from kiln.training.checkpointing import remove_stale_temporaries
-from kiln.training.testing import TestChoice, read_metrics, summarize_untested, test_after_fit
+from kiln.training.testing import TestChoice, missing_for, read_metrics, summarize_untested, test_after_fit
 from kiln.wandb import checkpoints as wandb_checkpoints
 from kiln.wandb.mode import finish_wandb, start_or_fall_back
 
@@ -480,15 +480,28 @@ class KilnCLI(LightningCLI):
             if wandb and (notice := start_or_fall_back(logger)):
                 print(notice, file=sys.stderr)
 
-    before_validate = before_test = before_predict = _start_wandb
+    def before_validate(self) -> None:
+        self._refuse_missing("validate")
+
+    def before_test(self) -> None:
+        self._refuse_missing("test")
+
+    def _refuse_missing(self, stage: str) -> None:
+        if missing := missing_for(stage, self.model, self.datamodule):
+            split = "validation" if stage == "validate" else stage
+            raise UsageError(f"kiln {stage}: {missing}; add it to evaluate a checkpoint on the {split} split")
+        self._start_wandb()
+
+    before_predict = _start_wandb
 
     def after_fit(self) -> None:
         config = self.config[self.subcommand]
         if self.trainer.interrupted:
             return
         summary = config.run.summary or console.verbose()
-        if not config.run.test_after_fit:
-            summarize_untested(self.trainer, summary)
+        missing = missing_for("test", self.model, self.datamodule)
+        if not config.run.test_after_fit or missing:
+            summarize_untested(self.trainer, summary, missing)
             return
         try:
             if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins

@@ -126,7 +126,27 @@ def internal_error(err: BaseException) -> str:
     except OSError:
         where = "the traceback could not be saved"
     first = str(err).splitlines()[0] if str(err) else ""
+    if (frame := _user_frame(err)) is not None:  # the user's module, network or data: theirs to fix, not kiln's
+        at = f"{frame.filename}:{frame.lineno}, in {frame.name}"
+        return f"{type(err).__name__}: {first} (raised in your code: {at}); {where}"
     return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
+
+
+def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
+    """Where the error was raised, when that is the user's own code: the innermost frame that is neither an installed
+    package's nor Python's, unless it is kiln's."""
+    import sysconfig
+
+    engine = Path(__file__).resolve().parents[1]  # installed or not
+    libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if engine in path.parents:
+            return None
+        compiled = not Path(frame.filename).is_absolute()  # "<frozen …>", a Cython module's "yaml/_yaml.pyx"
+        if not compiled and not any(folder in path.parents for folder in libraries):
+            return frame  # torch, Lightning and Python frames above it: called by the code that matters
+    return None
 
 
 def _causes(err: BaseException) -> list[BaseException]:

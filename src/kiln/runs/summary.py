@@ -49,10 +49,15 @@ def print_summary(results: list[TestResult], run_dir: Path | None, wandb_sync: s
     _print(lines, run_dir, wandb_sync)
 
 
-def print_untested(metrics: dict[str, float], weights: Path | None, run_dir: Path, wandb_sync: str | None) -> None:
-    """After a fit without its test: the last validation, the weights, and the command that tests them."""
+def print_untested(
+    metrics: dict[str, float], weights: Path | None, run_dir: Path, wandb_sync: str | None, why: str | None = None
+) -> None:
+    """After a fit without its test: the last validation, the weights, and the command that tests them (or, ``why``,
+    what a test lacks)."""
     lines = [f"[bold]{key}[/bold] {value:.4f} (last validation)" for key, value in sorted(metrics.items())]
-    if weights is not None:
+    if why is not None:
+        lines.append(f"[bold]not tested[/bold]: {why}; kiln test needs it")
+    elif weights is not None:
         lines.append(f"[bold]not tested[/bold] (run.test_after_fit false): kiln test --ckpt_path {weights}")
     _print(lines, run_dir, wandb_sync)
 

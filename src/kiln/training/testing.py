@@ -65,8 +65,24 @@ def test_after_fit(
     return results[0].metrics
 
 
-def summarize_untested(trainer: Trainer, summary: bool = True) -> None:
-    """A fit without its test ends on a summary too: its last validation, the weights to test, its run folder."""
+EVALUATION_HOOKS = {"validate": ("validation_step", "val_dataloader"), "test": ("test_step", "test_dataloader")}
+
+
+def missing_for(stage: str, model: LightningModule, datamodule: LightningDataModule | None) -> str | None:
+    """What ``stage`` (validate, test) needs that the module or the data lacks; Lightning would stop on it."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    step, loader = EVALUATION_HOOKS[stage]
+    if not is_overridden(step, model):
+        return f"{type(model).__name__} has no {step}"
+    if datamodule is not None and not is_overridden(loader, datamodule):
+        return f"{type(datamodule).__name__} has no {loader}"
+    return None
+
+
+def summarize_untested(trainer: Trainer, summary: bool = True, why: str | None = None) -> None:
+    """A fit without its test ends on a summary too: its last validation, the weights to test, its run folder;
+    ``why``: what the test lacks, where it was not turned off."""
     if not trainer.is_global_zero:
         return
     run_dir = Path(trainer.default_root_dir)
@@ -78,7 +94,7 @@ def summarize_untested(trainer: Trainer, summary: bool = True) -> None:
     last = layout(run_dir).last
     weights = Path(best) if best else (last if last.is_file() else None)
     validation = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
-    print_untested(validation, weights, run_dir, sync)
+    print_untested(validation, weights, run_dir, sync, why)
 
 
 def update_metrics(run_dir: str | Path, **sections: Any) -> None:
