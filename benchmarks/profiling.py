@@ -145,6 +145,7 @@ class StepWindows:
         text.write(f"{self._steps('cprofile')} steps, validation and checkpoints included\n")
         stats.sort_stats("cumulative").print_stats(60)
         stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(r"\((training|validation)_step\)")  # the step hooks, wherever ranked
         (self.out / f"{self.kind}-cprofile.txt").write_text(text.getvalue())
 
     # epoch 4: clean
