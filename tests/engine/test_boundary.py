@@ -9,6 +9,7 @@ from pathlib import Path
 
 import forkserver
 import pytest
+import torch
 from helpers import LIMIT, PROBES
 
 KILN = [sys.executable, "-m", "kiln"]
@@ -46,3 +47,23 @@ def test_an_error_raised_in_kilns_own_code_is_an_internal_error_to_report() -> N
         load_yaml("key: [")
     line = internal_error(raised.value)
     assert line.startswith("internal error (") and line.endswith("; please report it") and "your code" not in line
+
+
+class _Broken(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        raise ValueError(f"sample {index} is broken")
+
+
+def test_an_error_raised_in_a_datasets_worker_process_names_the_users_line() -> None:
+    """torch re-raises a worker's error from its own frames: the user's dataset bug read "internal error … please
+    report it"."""
+    from kiln.commands.boundary import internal_error
+
+    with pytest.raises(ValueError) as raised:
+        next(iter(torch.utils.data.DataLoader(_Broken(), num_workers=1)))
+    line = internal_error(raised.value)
+    assert line.startswith("ValueError: sample 0 is broken (raised in your code: ") and "please report" not in line
+    assert f"{__file__}:" in line and ", in __getitem__, in a DataLoader worker process); the traceback is in" in line

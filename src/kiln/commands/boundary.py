@@ -14,6 +14,7 @@ import gc
 import importlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -39,6 +40,7 @@ COMMANDS = {
     "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
 FULL = (errno.ENOSPC, errno.EDQUOT)
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # in torch's re-raised worker error
 WITHOUT_TORCH = ("infer", "diff")  # commands that run where torch is not installed, or need not load it
 
 
@@ -126,20 +128,35 @@ def internal_error(err: BaseException) -> str:
     except OSError:
         where = "the traceback could not be saved"
     first = str(err).splitlines()[0] if str(err) else ""
-    if (frame := _user_frame(err)) is not None:  # the user's module, network or data: theirs to fix, not kiln's
-        at = f"{frame.filename}:{frame.lineno}, in {frame.name}"
-        return f"{type(err).__name__}: {first} (raised in your code: {at}); {where}"
+    said, process = f"{type(err).__name__}: {first}", ""
+    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(err.__traceback__))
+    if (worker := _worker_traceback(str(err))) is not None:  # torch re-raises a worker's error from its own frames
+        said, frames, process = worker[0], worker[1], ", in a DataLoader worker process"
+    if (frame := _user_frame(frames)) is not None:  # the user's module, network or data: theirs to fix, not kiln's
+        at = f"{frame.filename}:{frame.lineno}, in {frame.name}{process}"
+        return f"{said} (raised in your code: {at}); {where}"
     return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
 
 
-def _user_frame(err: BaseException) -> traceback.FrameSummary | None:
+def _worker_traceback(message: str) -> tuple[str, list[traceback.FrameSummary]] | None:
+    """A DataLoader worker's error, as torch re-raises it: its last line and its frames, read from the message."""
+    if WORKER_TRACEBACK not in message:
+        return None
+    original = message.split(WORKER_TRACEBACK, 1)[1]
+    found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', original)
+    frames = [traceback.FrameSummary(file, int(line), name, lookup_line=False) for file, line, name in found]
+    lines = [line for line in original.strip().splitlines() if line.strip()]
+    return (lines[-1].strip(), frames) if lines else None
+
+
+def _user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
     """Where the error was raised, when that is the user's own code: the innermost frame that is neither an installed
     package's nor Python's, unless it is kiln's."""
     import sysconfig
 
     engine = Path(__file__).resolve().parents[1]  # installed or not
     libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+    for frame in reversed(frames):
         path = Path(frame.filename).resolve()
         if engine in path.parents:
             return None
