@@ -482,15 +482,16 @@ class KilnCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._refuse_missing("validate")
+        self._start_wandb()
 
     def before_test(self) -> None:
         self._refuse_missing("test")
+        self._start_wandb()
 
     def _refuse_missing(self, stage: str) -> None:
         if missing := missing_for(stage, self.model, self.datamodule):
             split = "validation" if stage == "validate" else stage
             raise UsageError(f"kiln {stage}: {missing}; add it to evaluate a checkpoint on the {split} split")
-        self._start_wandb()
 
     before_predict = _start_wandb
 

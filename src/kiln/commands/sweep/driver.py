@@ -112,9 +112,9 @@ def run_trial(
 def _tell_run(runs: Path, line: str) -> None:
     """What the sweep made of a trial whose fit finished, beside ``finished`` in its run folder's status
     (``kiln.results`` lists it): a pruned run's numbers are those of a cut run."""
-    ended = sorted(runs.glob("*/status.json"), key=lambda status: status.stat().st_mtime)
-    if ended:
-        folders.record_status("finished", line, ended[-1].parent)
+    statuses = [status for status in (folders.layout(run).status for run in runs.glob("*")) if status.is_file()]
+    if statuses:
+        folders.record_status("finished", line, max(statuses, key=lambda status: status.stat().st_mtime).parent)
 
 
 def _fail(study: Any, trial: Any, message: str) -> str:
