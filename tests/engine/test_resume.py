@@ -604,3 +604,31 @@ def test_a_process_group_sigterm_under_ddp_saves_on_every_rank_and_the_resume_is
     (whole_dir,) = (tmp_path / "whole" / "digits").iterdir()
     assert (cut_dir / "metrics.csv").read_text() == (whole_dir / "metrics.csv").read_text()
     assert_bitwise_equal(final_state(str(cut_dir)), final_state(str(whole_dir)), steps=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_sigterm_during_compiled_bf16_gpu_steps_resumes_bitwise_to_the_uninterrupted_run(tmp_path: Path) -> None:
+    """The GPU preset with torch.compile, channels-last and deterministic kernels: a SIGTERM at step 8 (mid-epoch),
+    then the same command (``--ckpt_path last``), ends where the uninterrupted run does, weights and optimizer state
+    bit for bit."""
+    presets = ["-c", str(CONFIGS / "trainer" / "gpu.yaml"), "-c", str(CONFIGS / "trainer" / "deterministic.yaml"),
+               "--trainer.callbacks+", "kiln.callbacks.Compile",
+               "--trainer.callbacks+", "kiln.callbacks.ChannelsLast"]  # fmt: skip
+    base = [sys.executable, "-m", "kiln", *run_args(0)[:-8], *presets, "--ckpt_path", "last"]  # fmt: skip
+    env = {**os.environ, "SLURM_JOB_ID": "778", "PYTHONPATH": PROBES}  # a job id: the rerun finds its folder
+
+    def launch(root: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, "--run.root", str(tmp_path / root), *extra], capture_output=True, text=True,
+                              env=env, timeout=600)  # fmt: skip
+
+    whole = launch("whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=8",
+             f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    cut = launch("cut", *probe)
+    assert cut.returncode == 143 and "SIGTERM: stopped after step 8" in cut.stderr, cut.stderr[-3000:]
+    again = launch("cut", *probe)
+    assert again.returncode == 0 and "resuming from" in again.stderr, again.stderr[-3000:]
+    job = Path("digits") / "job-778"
+    assert_bitwise_equal(final_state(str(tmp_path / "cut" / job)), final_state(str(tmp_path / "whole" / job)))
