@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 from unittest.mock import Mock
 
 import forkserver
@@ -325,3 +326,23 @@ def test_gpu_ddp_preset_on_one_gpu(tmp_path: Path) -> None:
            "-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), "--run.root", str(tmp_path)]  # fmt: skip
     done = forkserver.run(cmd, capture_output=True, text=True, env={**os.environ, "WANDB_MODE": "disabled"})
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_with_channels_last_each_compiled_graph_is_the_networks_forward() -> None:
+    """ChannelsLast's layout change was compiled as a graph of its own, dispatched beside the forward's each step
+    (on an H200: 2 graphs a call, the template at 0.64x the ceiling); it runs before the compiled forward."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    @torch._dynamo.register_backend(name="kiln_test_recording")
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    cli = build_cli(["fit", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.logger",
+                     "false", "--run.test_after_fit", "false", "--trainer.callbacks+", "kiln.callbacks.Compile",
+                     "--trainer.callbacks.backend", "kiln_test_recording", "--trainer.callbacks+",
+                     "kiln.callbacks.ChannelsLast"])  # fmt: skip
+    assert cli.trainer.state.finished and graphs  # training and validation ran compiled
+    assert all(any("conv" in str(node.target) for node in gm.graph.nodes) for gm in graphs), [g.code for g in graphs]
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in cli.model.parameters() if p.ndim == 4)

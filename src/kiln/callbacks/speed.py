@@ -54,8 +54,10 @@ class Compile(Callback):
         self._compile(pl_module)
 
 
+@torch.compiler.disable
 def _nhwc(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The forward's 4-D tensor arguments in channels-last layout (others as they are)."""
+    """The forward's 4-D tensor arguments in channels-last layout (others as they are); left out of ``Compile``'s
+    graphs, where it was a graph of its own that each step dispatched beside the forward's (benchmarks/README.md)."""
     return tuple(
         a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a
         for a in args
