@@ -7,14 +7,15 @@
 # machine with no network), the machine's own python3 runs it, with what it lacks installed from
 # the wheels in .whl/ (make gpu-wheels HAVE=<that machine's pip list>, on a machine with network)
 # into a folder of its own, and kiln taken from src/. Writes OUT/machine.txt, OUT/tests.log and
-# OUT/junit.xml (tests), OUT/gpu-tests.log, OUT/bench.log with the results JSON and table (bench).
+# OUT/junit.xml (tests), OUT/failures.txt (each failure as it happens, also when a time limit cuts
+# the run short), OUT/gpu-tests.log, OUT/bench.log with the results JSON and table (bench).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT [all|tests|gpu-tests|bench] [arguments]}
 what=${2:-all}
 shift $(( $# < 2 ? $# : 2 ))
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
-export WANDB_MODE=offline PYTHONUNBUFFERED=1
+export WANDB_MODE=offline PYTHONUNBUFFERED=1 KILN_FAILURES="$out/failures.txt"  # each failure as it happens
 
 if [ -x .venv/bin/python ]; then
   py=.venv/bin/python

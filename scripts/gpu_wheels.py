@@ -25,7 +25,10 @@ NEVER = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$")
 NOT_FOR_TESTS = {"jupyterlab", "jupyter-server", "jupyterlab-server", "jupyter-lsp", "notebook-shim", "mypy", "ruff",
                  "pre-commit", "identify", "cfgv", "nodeenv", "virtualenv", "distlib", "babel", "debugpy", "jedi",
                  "parso", "nbconvert", "jupyter-events", "terminado", "send2trash", "argon2-cffi",
-                 "argon2-cffi-bindings"}  # fmt: skip
+                 "argon2-cffi-bindings", "jupyter-builder", "widgetsnbextension",
+                 "jupyterlab-widgets"}  # fmt: skip
+# (the last three: notebook front-end assets, never imported)
+CARRY_MIB = 60  # a lent GPU machine's call carries 64 MiB, the working tree (about 3) with the wheels
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
 PLATFORMS += [f"manylinux_2_{n}_x86_64" for n in range(24, 40)]
 
@@ -85,6 +88,13 @@ def main() -> None:
          "cp", "--python-version", options.python, *platforms, "--dest", str(options.dest), *wanted], check=True,
     )  # fmt: skip
     print(f"wheels in {options.dest}; on the GPU machine: scripts/gpu_check.sh OUT", file=sys.stderr)
+    wheels = sorted(options.dest.glob("*.whl"), key=lambda p: p.stat().st_size, reverse=True)
+    total = sum(p.stat().st_size for p in wheels) / 2**20
+    if total > CARRY_MIB:  # what a lent machine's call carries, the working tree included
+        largest = ", ".join(f"{p.name.split('-')[0]} {p.stat().st_size / 2**20:.0f}" for p in wheels[:4])
+        print(f"warning: the wheels take {total:.0f} MiB, over the {CARRY_MIB} MiB a call to a lent GPU machine "
+              f"carries; the largest (MiB): {largest}. Leave some out with --skip (their tests fail there)",
+              file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -56,3 +56,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(kept_off)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``KILN_FAILURES`` set (scripts/gpu_check.sh), each failure is appended to that file as it happens: a run
+    cut short at a lent machine's time limit still says why each test failed (xdist prints them only at the end)."""
+    path = os.environ.get("KILN_FAILURES")
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as out:
+            out.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

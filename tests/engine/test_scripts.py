@@ -44,7 +44,9 @@ def test_a_script_without_the_projects_environment_stops_in_one_line_before_anyt
     """Without .venv (a GPU machine's own Python) torchrun.sh ended in `.venv/bin/python: No such file`, exit 127."""
     (tmp_path / "scripts").mkdir()
     shutil.copy(SCRIPTS / script, tmp_path / "scripts" / script)
-    done = subprocess.run(["bash", f"scripts/{script}"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    bare = {k: v for k, v in os.environ.items() if k != "VENV"}  # as a shell without one (gpu_check.sh sets it)
+    done = subprocess.run(["bash", f"scripts/{script}"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=bare)  # fmt: skip
     torchrun = script == "torchrun.sh"  # finds the project from its own path; the sbatch scripts run in it
     wanted = f"{tmp_path}/.venv/bin/torchrun" if torchrun else ".venv/bin/kiln"
     assert done.returncode == 1 and done.stderr.splitlines() == [
@@ -53,7 +55,7 @@ def test_a_script_without_the_projects_environment_stops_in_one_line_before_anyt
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scripts"]  # nothing made (no runs/, no study)
     other = subprocess.run(["bash", f"scripts/{script}"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "VENV": str(tmp_path / "mine")})  # fmt: skip
+                           env={**bare, "VENV": str(tmp_path / "mine")})  # fmt: skip
     assert f"no {tmp_path / 'mine'}/bin/{Path(wanted).name}:" in other.stderr
 
 
