@@ -250,3 +250,40 @@ def test_online_a_wandb_version_is_downloaded_through_the_artifact_cache_and_tes
     assert downloaded.read_bytes() == best.read_bytes()
     assert asked.count("GET /files/model.ckpt") == 1  # the second time, from W&B's artifact cache
     assert asked.count("ArtifactMembershipByName") == 2  # each command asked which file the alias names now
+
+
+@pytest.mark.slow
+def test_a_sweeps_storage_password_in_either_form_appears_in_no_file_and_no_line(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A sweep's own W&B report run recorded the command line, `--storage postgresql://kiln:<password>@…` whole
+    (`wandb sync` would upload it); a password given as `?password=` was printed in the error line."""
+    import psycopg
+
+    password, key, dotenv = "hunter2-s3cr3t-pw", "env-s3cr3t-0123456789abcdef0123456789abcdef0123", "dotenv-s3cr3t-x"
+    with psycopg.connect(postgres_url.replace("+psycopg", ""), autocommit=True) as connection:
+        connection.execute(f"CREATE ROLE planted LOGIN SUPERUSER PASSWORD '{password}'")
+    server = postgres_url.split("@", 1)[1]
+    (tmp_path / ".env").write_text(f"KILN_TEST_DB_TOKEN={dotenv}\n")
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_API_KEY": key}
+    for form, storage in [("user", f"postgresql+psycopg://planted:{password}@{server}"),
+                          ("query", f"postgresql+psycopg://planted@{server}?password={password}")]:  # fmt: skip
+        spec = tmp_path / f"{form}.yaml"
+        spec.write_text(yaml.safe_dump({"name": form, "n_trials": 1, "pruner": "none", "args": [*LIMIT,
+                        "--trainer.enable_progress_bar=false"], "space": {"model.init_args.optimizer.init_args.lr":
+                        {"low": 1e-3, "high": 1e-2, "log": True}}}))  # fmt: skip
+        done = forkserver.run([sys.executable, "-m", "kiln", "sweep", "-c", str(spec), "--storage", storage],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        wrong = storage.replace(password, "WrongQp77")  # the error line of a refused password
+        refused = forkserver.run([sys.executable, "-m", "kiln", "sweep", "-c", str(spec), "--storage", wrong],
+                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert refused.returncode == 2 and "password authentication failed" in refused.stderr, refused.stderr[-2000:]
+        for secret in (password, "WrongQp77", key, dotenv):
+            assert secret not in done.stdout + done.stderr + refused.stdout + refused.stderr, (form, secret)
+    files = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert sum(p.suffix == ".wandb" for p in files) == 4  # each sweep's trial and its report run
+    for path in files:
+        content = path.read_bytes()
+        for secret in (password, key, dotenv):
+            assert secret.encode() not in content, (path, secret)

@@ -57,7 +57,7 @@ from kiln.console import quiet_lightning
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
-from kiln.process.secrets import load_env_file, redact, redact_text, secret_values
+from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values
 from kiln.runs import folders
 from kiln.runs.folders import (
     Pick,
@@ -394,7 +394,7 @@ class KilnCLI(LightningCLI):
         self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
         self.config_dump = redact(self.config_dump)  # ... without secrets
         secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
-        sys.argv[:] = [redact_text(arg, secrets) for arg in sys.argv]
+        sys.argv[:] = [redact_url(redact_text(arg, secrets)) for arg in sys.argv]
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)

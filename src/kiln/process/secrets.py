@@ -67,6 +67,19 @@ def redact_text(text: str, secrets: list[str]) -> str:
     return text
 
 
+URL_PASSWORD = re.compile(r"(?P<head>://[^/@:?#\s]*:)[^/@?#\s]*(?=@)")  # scheme://user:PASSWORD@host
+URL_QUERY_ENTRY = re.compile(r"(?P<head>[?&](?P<key>[^=&#\s]+)=)(?P<value>[^&#\s]*)")  # ?key=value&...
+
+
+def redact_url(text: str) -> str:
+    """``text`` with each URL's password hidden: after ``user:`` and in query keys such as ``password=`` (a
+    database URL takes either, as do the storages of a sweep)."""
+    if "://" not in text:
+        return text
+    text = URL_PASSWORD.sub(lambda m: f"{m['head']}***", text)
+    return URL_QUERY_ENTRY.sub(lambda m: f"{m['head']}***" if is_secret_name(m["key"]) else m[0], text)
+
+
 def load_env_file(path: str | Path = ".env") -> list[str]:
     """Put the ``KEY=VALUE`` lines of ``path`` (the project's git-ignored ``.env``: ``# comments``, ``export``,
     quotes) into the environment, never over a variable already set; returns the names it set. The values are

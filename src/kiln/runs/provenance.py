@@ -11,6 +11,8 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import yaml
 
 from kiln.files import load_yaml, written_whole
-from kiln.process.secrets import REDACTED, is_secret_name, redact
+from kiln.process.secrets import REDACTED, is_secret_name, redact, redact_url
 from kiln.runs.folders import layout
 
 SAMPLED_FILES = 64  # files of a file-backed split whose bytes are hashed (all of them up to this many)
@@ -84,15 +86,16 @@ def versions() -> dict[str, Any]:
 
 def command_line(argv: list[str]) -> list[str]:
     """``argv`` with every value given to a secret-looking key replaced (``--x.api_key v``, ``--x.token=v``,
-    and secrets inside a JSON or YAML value), as the config is."""
+    secrets inside a JSON or YAML value, and a URL's password), as the config is."""
     shown, hide_next = [], False
     for arg in argv:
         if hide_next:
             shown.append(REDACTED)
             hide_next = False
             continue
-        key, equals, value = arg.partition("=")
-        if arg.startswith("--") and is_secret_name(key.lstrip("-")):
+        flag = arg.startswith("--")
+        key, equals, value = arg.partition("=") if flag else (arg, "", "")  # a bare value keeps its own '='
+        if flag and is_secret_name(key.lstrip("-")):
             shown.append(f"{key}={REDACTED}" if equals else arg)
             hide_next = not equals
             continue
@@ -105,8 +108,21 @@ def command_line(argv: list[str]) -> list[str]:
             hidden = redact(parsed) if isinstance(parsed, dict | list) else parsed
             if hidden != parsed:
                 text = json.dumps(hidden)
-        shown.append(f"{key}={text}" if equals and arg.startswith("--") else text)
+        text = redact_url(text)  # a database URL's password (`--storage postgresql://user:…@host`)
+        shown.append(f"{key}={text}" if equals else text)
     return shown
+
+
+@contextmanager
+def argv_shown() -> Iterator[None]:
+    """``sys.argv`` as ``command_line`` shows it while W&B starts a run: W&B records the command in the run's file,
+    which ``wandb sync`` uploads (a sweep's report run held its ``--storage`` password)."""
+    given = sys.argv[:]
+    sys.argv[:] = command_line(given)
+    try:
+        yield
+    finally:
+        sys.argv[:] = given
 
 
 def data_fingerprint(datamodule: Any) -> dict[str, Any]:

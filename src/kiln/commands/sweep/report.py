@@ -15,6 +15,7 @@ from kiln.commands.sweep.inprocess import describe
 from kiln.commands.sweep.space import Sweep
 from kiln.files import dump_yaml, load_yaml, written_whole
 from kiln.runs.folders import layout
+from kiln.runs.provenance import argv_shown
 
 
 def _run_folder(trial: Any) -> Path | None:
@@ -150,8 +151,9 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
 
     finish_wandb()  # a run left open in this process (a notebook's fit) would take the report instead
     mode: Any = os.environ.get("WANDB_MODE")  # given per run: W&B reads the variable once per process
-    run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
-                     dir=str(sweep_dir), mode=mode)  # fmt: skip
+    with argv_shown():  # the command W&B records: --storage without its password
+        run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
+                         dir=str(sweep_dir), mode=mode)  # fmt: skip
     columns: list[str | int] = ["trial", "state", sweep.metric, *(param.key for param in sweep.space)]
     rows = [[t.number, t.state.name, t.value, *(t.params.get(param.key) for param in sweep.space)]
             for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 
 from kiln.commands.sweep.space import Sweep, read_sweep
 from kiln.errors import UsageError
+from kiln.process.secrets import redact_url
 
 
 def _owner() -> str:
@@ -61,16 +62,9 @@ DRIVERS = {  # the module SQLAlchemy imports for a URL: how to add it (MySQLdb n
 
 
 def shown(storage: Any) -> str:
-    """A storage as a line may show it: a database URL without its password."""
+    """A storage as a line may show it: a database URL without its password (``user:…@`` or ``?password=``)."""
     text = str(storage)
-    if "://" not in text or text.startswith("sqlite:///"):
-        return text.removeprefix("sqlite:///")
-    from sqlalchemy.engine import make_url
-
-    try:
-        return str(make_url(text).render_as_string(hide_password=True))
-    except Exception:  # not a URL SQLAlchemy reads: show its scheme only
-        return text.split("://", 1)[0] + "://…"
+    return text.removeprefix("sqlite:///") if text.startswith("sqlite:///") else redact_url(text)
 
 
 def _no_driver(storage: Any, err: ImportError) -> UsageError:
