@@ -79,9 +79,16 @@ class SignalAtStep(Callback):
         self.only_in = only_in  # fire only in a run whose folder path holds this (one trial of a sweep)
         self.parent = parent
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Step 0: before the first batch (a signal in the run's start-up, as SLURM's may come)."""
+        self._maybe_send(trainer)
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, i: int
     ) -> None:
+        self._maybe_send(trainer)
+
+    def _maybe_send(self, trainer: Trainer) -> None:
         if self.only_in is not None and self.only_in not in str(trainer.default_root_dir):
             return
         if trainer.global_step == self.step and not self.marker.exists():

@@ -550,29 +550,41 @@ def test_a_stopped_rank_that_slurm_sigterms_as_it_exits_still_exits_with_the_sto
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", [16, 10], ids=["mid_epoch", "epoch_end"])
-def test_after_a_sigusr1_stop_the_resumed_runs_metrics_csv_is_the_uninterrupted_runs(tmp_path: Path, step: int) -> None:
-    """Saved at the next batch's start, the checkpoint made Lightning count the last step again: every later row
-    of metrics.csv one step off (val rows at 20, 30 for 19, 29), an epoch's last train/loss row lost. At an epoch's
-    first batch, it took the save for one written at a validation and skipped a step: every later row one off."""
-    command = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "3", "--trainer.limit_train_batches",
-               "10", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "2", "--trainer.logger",
+@pytest.mark.parametrize(("name", "code"), [("SIGUSR1", 138), ("SIGTERM", 143)])
+def test_a_stop_at_any_step_resumes_to_the_uninterrupted_runs_metrics_csv_and_weights(
+    tmp_path: Path, name: str, code: int
+) -> None:
+    """Every step from 0 (the run's start-up, where SLURM's `--signal=SIGUSR1@90` may come) to one past the first
+    epoch's end. Saved at a batch's start, the checkpoint made Lightning count the last step again (every later row
+    of metrics.csv one step off); at an epoch's first batch, and at step 0 (17 rows of 20, train/loss at step 19 for
+    9), and after a mid-epoch validation, Lightning took the save for one written at a validation and counted a step
+    more; a SIGTERM in the epoch's validation lost its last training step's rows."""
+    command = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches",
+               "4", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "1", "--trainer.logger",
                "kiln.training.loggers.Csv", "--run.test_after_fit", "false", "--data.num_workers", "0"]  # fmt: skip
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
-    probe = ["--trainer.callbacks+=probes.SignalAtStep", f"--trainer.callbacks.step={step}",
-             "--trainer.callbacks.name=SIGUSR1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
 
     def run(root: str, *extra: str) -> subprocess.CompletedProcess:
         return forkserver.run([*command, "--run.root", str(tmp_path / root), *extra], env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
 
-    assert run("whole").returncode == 0
-    assert run("cut", *probe).returncode == 138
-    resumed = run("cut", *probe, "--ckpt_path", "last")
-    assert resumed.returncode == 0
-    assert "your dataloader is not resumable" not in resumed.stderr  # Lightning's warning, not so for kiln's data
-    (whole,), (cut,) = (list((tmp_path / root).glob("digits/*/metrics.csv")) for root in ("whole", "cut"))
-    assert cut.read_text() == whole.read_text()
+    mid_validation = ["--trainer.val_check_interval", "2"]  # a validation after step 2 as well
+    for setting, steps in [([], range(6)), (mid_validation, [2])]:  # 4 steps an epoch
+        assert run(f"whole{setting}", *setting).returncode == 0
+        (whole,) = (tmp_path / f"whole{setting}").glob("digits/*")
+        for step in steps:
+            probe = ["--trainer.callbacks+=probes.SignalAtStep", f"--trainer.callbacks.step={step}",
+                     f"--trainer.callbacks.name={name}",
+                     f"--trainer.callbacks.marker={tmp_path / f'sent{step}{setting}'}", *setting]  # fmt: skip
+            cut = run(f"cut{step}{setting}", *probe)
+            assert cut.returncode == code and f"{name}: stopped after step {step}" in cut.stderr, cut.stderr[-2000:]
+            resumed = run(f"cut{step}{setting}", *probe, "--ckpt_path", "last")
+            assert resumed.returncode == 0, resumed.stderr[-2000:]
+            assert "your dataloader is not resumable" not in resumed.stderr  # Lightning's, not so for kiln's data
+            (cut_dir,) = (tmp_path / f"cut{step}{setting}").glob("digits/*")
+            csv = (cut_dir / "metrics.csv").read_text()
+            assert csv == (whole / "metrics.csv").read_text(), f"stopped at {step} {setting}"
+            assert_bitwise_equal(final_state(str(cut_dir)), final_state(str(whole)), steps=8)
 
 
 @pytest.mark.slow

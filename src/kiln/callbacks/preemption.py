@@ -68,6 +68,16 @@ def _last_checkpoint(trainer: Trainer) -> LastCheckpoint | None:
     return next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)  # type: ignore[attr-defined]
 
 
+def _undo_validation_restart(trainer: Trainer) -> None:
+    """A save at a batch's start that Lightning's restart takes for one written at a validation's end (the epoch's
+    first batch, with every count 0, or a batch after a mid-epoch validation): it then runs an empty iteration that
+    counts one logging step more, and every later row of the loggers lands one step off. One step less here evens it.
+    """
+    loop, fetcher = trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher  # private (README: private APIs)
+    if fetcher is not None and loop.restarting and loop._should_check_val_fx(fetcher):
+        loop._batches_that_stepped -= 1
+
+
 def _requeue(trainer: Trainer) -> None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and trainer.is_global_zero and shutil.which("scontrol"):
@@ -91,6 +101,7 @@ class PreemptionCheckpoint(Callback):
         self._cut_validation = False
         self._before_batch = False  # saving at a batch's start: Lightning has fetched it, not begun it
         self._stopped = False  # this callback raised the stop (and saved, in fit): on_exception has nothing to add
+        self._resumed_at_batch_start = False  # the checkpoint fit resumes from is such a save
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
         owner = _last_checkpoint(trainer)
@@ -105,10 +116,22 @@ class PreemptionCheckpoint(Callback):
             "run the same command with `--ckpt_path last` to continue"
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"at_batch_start": self._before_batch}  # true in the save a stop makes at a batch's start only
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed_at_batch_start = bool(state_dict.get("at_batch_start"))
+
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _take_over_sigterm(trainer)  # Lightning installs its handler as each stage begins
 
-    on_train_start = on_validation_start = on_test_start = on_predict_start = on_sanity_check_start
+    on_validation_start = on_test_start = on_predict_start = on_sanity_check_start
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _take_over_sigterm(trainer)
+        if self._resumed_at_batch_start:  # the loops are restored, the first batch not yet fetched
+            self._resumed_at_batch_start = False
+            _undo_validation_restart(trainer)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # a step boundary: the previous step is complete (and ExactResume has recorded it), this one not begun

@@ -180,7 +180,9 @@ def checkpoint_metadata(path: Path, run_dir: Path, checkpoint_callback: Any | No
 class _ContinuedHistory(ExperimentWriter):
     """Lightning's CSV writer, except that a resumed run continues its ``metrics.csv`` (Lightning's deletes it,
     with the epochs before the resume): the first save rewrites it whole, the earlier rows before the first step
-    logged now (rows a killed run logged past its checkpoint are logged again), then the new ones."""
+    logged now (rows a killed run logged past its checkpoint are logged again) and those of that step whose metrics
+    are not logged again (a stop in an epoch's validation: its last training step's rows stay, its validation runs
+    again), then the new ones."""
 
     def _check_log_dir_exists(self) -> None:
         self._earlier: list[dict[str, Any]] | None = None
@@ -192,7 +194,13 @@ class _ContinuedHistory(ExperimentWriter):
         if self._earlier is None or not self.metrics:
             return super().save()
         first = min(int(m["step"]) for m in self.metrics)
-        rows = [r for r in self._earlier if int(float(r.get("step", first))) < first] + self.metrics
+        again = set().union(*(m for m in self.metrics if int(m["step"]) == first)) - {"step", "epoch"}
+
+        def kept(row: dict[str, Any]) -> bool:
+            step = int(float(row.get("step", first)))
+            return step < first or (step == first and not again.intersection(row))
+
+        rows = [r for r in self._earlier if kept(r)] + self.metrics
         self.metrics_keys = sorted(set().union(*rows))
         with written_whole(self.metrics_file_path) as partial, partial.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.metrics_keys)
