@@ -13,7 +13,7 @@ import forkserver
 import pytest
 import torch
 import yaml
-from helpers import CONFIGS, PROBES
+from helpers import CONFIGS, LIMIT, PROBES
 from lightning.pytorch.callbacks import ModelSummary as Summary
 from lightning.pytorch.callbacks import ProgressBar
 
@@ -148,13 +148,15 @@ def test_early_stopping_preset_appends_and_stops() -> None:
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_path: Path) -> None:
-    validated = {}  # the validation metrics: a test after fit spawns two more processes (~10 CPU-s) to show no more
+def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_and_records_the_same(tmp_path: Path) -> None:
+    """ddp_spawn's test after fit (in processes of its own) logged at step 0: metrics.csv kept the test row alone
+    and metrics.json said 0 epochs and 0 steps, for a run that trained as the ddp run did."""
+    validated, records = {}, {}
     for strategy in ("ddp", "ddp_spawn"):  # ddp_spawn pickles the CLI: a closure in it was an internal error
-        cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), *FAST,
+        cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), *LIMIT,
                "--trainer.strategy", strategy, "--run.root", str(tmp_path / strategy),
                "--trainer.callbacks+=probes.GroupAtExit", f"--trainer.callbacks.marker={tmp_path / strategy}-group",
-               "--run.test_after_fit", "false"]  # fmt: skip
+               "-c", str(CONFIGS / "logger" / "csv.yaml")]  # fmt: skip
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
         done = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -162,11 +164,15 @@ def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_the_same(tmp_pat
         rank_1 = "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2"
         assert rank_1 in (run_dir / "console.log").read_text() and rank_1 not in done.stderr  # before: a spawned
         # rank's lines reached the console only
-        validated[strategy] = json.loads((run_dir / "metrics.json").read_text())["val"]["last"]
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        validated[strategy] = metrics["val"]["last"]
+        rows = (run_dir / "metrics.csv").read_text().splitlines()
+        records[strategy] = (metrics["epochs"], metrics["global_step"], metrics["test"][0]["metrics"], rows)
         at_exit = {p.name: p.read_text() for p in tmp_path.glob(f"{strategy}-group.*")}  # one per rank process
         assert {name.split(".")[1] for name in at_exit} == {"0", "1"} and set(at_exit.values()) == {"False"}, at_exit
         # before, each rank's gloo group was left to the interpreter's exit, where it can abort the process
     assert validated["ddp_spawn"] == validated["ddp"] and "val/loss" in validated["ddp"]
+    assert records["ddp_spawn"] == records["ddp"] and records["ddp"][1] > 0 and len(records["ddp"][3]) > 5
 
 
 @pytest.mark.slow

@@ -50,6 +50,7 @@ def test_after_fit(
 ) -> dict[str, float]:  # fmt: skip
     """Test the chosen checkpoints, write ``metrics.json``, print the summary (``summary``); the first one's
     metrics."""
+    progress_from_spawned_ranks(trainer)
     results = []
     for label, path, step in checkpoints_to_test(trainer, choice):
         out = trainer.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
@@ -63,6 +64,18 @@ def test_after_fit(
         if summary:
             print_summary(results, run_dir, sync)
     return results[0].metrics
+
+
+def progress_from_spawned_ranks(trainer: Trainer) -> None:
+    """Under ``ddp_spawn`` the ranks trained in processes of their own and this one's loops never moved: its test
+    logged at step 0 (metrics.csv then dropped every training row) and metrics.json said 0 epochs and steps. Its
+    loops take rank 0's progress from the ``last.ckpt`` rank 0 wrote as training ended."""
+    last = layout(trainer.default_root_dir).last
+    if trainer.global_step or not last.is_file():
+        return
+    loops = load_checkpoint_file(last, mmap=True).get("loops") or {}
+    if "fit_loop" in loops:
+        trainer.fit_loop.load_state_dict(loops["fit_loop"])
 
 
 EVALUATION_HOOKS = {"validate": ("validation_step", "val_dataloader"), "test": ("test_step", "test_dataloader")}
