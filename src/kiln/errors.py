@@ -29,6 +29,10 @@ class ConfigError(KilnError, ValueError):
     """Settings that cannot work together; the message names them and the fix."""
 
 
+class CallError(KilnError, ValueError):
+    """A kiln function the user's code called with a value it cannot take; the line names the caller."""
+
+
 class DataError(KilnError):
     """A dataset that cannot be trained or evaluated on as configured (an empty split, say)."""
 

@@ -152,10 +152,16 @@ class PredictionWriter(BasePredictionWriter):
     ) -> None:
         columns = columns_of(pl_module, trainer, prediction, batch)
         n = len(next(iter(columns.values()))) if columns else 0
+        indices = self._indices(batch_indices, n)
+        if lengths := {name: len(values) for name, values in columns.items() if len(values) != len(indices)}:
+            raise UsageError(
+                f"PredictionWriter: for a batch of {len(indices)} samples, {type(pl_module).__name__}'s columns have "
+                f"other lengths ({', '.join(f'{k}: {v}' for k, v in lengths.items())}): give prediction_columns one "
+                "value per sample in every column"
+            )
         if self._file is not None and self._file.tell() == 0:
             path = ["path"] if self._paths is not None else []
             self._writer.writerow(["index", *path, *columns])
-        indices = self._indices(batch_indices, n)
         self._rows += n
         for i, index in enumerate(indices):
             path = [str(self._paths[index])] if self._paths is not None and index != "" else []

@@ -48,6 +48,19 @@ def sync_batchnorm_without_gpu(trainer: Any, settings: list[Source]) -> str | No
     )
 
 
+def fsdp_without_gpu(trainer: Any, settings: list[Source]) -> str | None:
+    """Why FSDP cannot run here: Lightning's shards a model across CUDA GPUs only (a ValueError deep in Lightning
+    on a CPU machine)."""
+    on_cpu = str(trainer.accelerator) == "cpu" or not torch.cuda.is_available()
+    if "fsdp" not in str(trainer.get("strategy")).lower() or not on_cpu:
+        return None
+    where = where_written(settings, lambda path, value: path == "trainer.strategy", "--trainer.strategy")
+    return (
+        f"{where} asks for FSDP, which shards a model across CUDA GPUs, and this run is on the CPU: use ddp here "
+        "(-c configs/trainer/ddp_cpu.yaml), or run it where there are GPUs"
+    )
+
+
 SLURM_RANKS = ("SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")  # what SLURMEnvironment reads
 
 

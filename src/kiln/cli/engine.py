@@ -29,7 +29,13 @@ from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class, is_a
 from kiln.cli.config_errors import check_config_files, describe, nearest, sources
-from kiln.cli.devices import fall_back_from_bf16, missing_gpu, slurm_outside_a_job, sync_batchnorm_without_gpu
+from kiln.cli.devices import (
+    fall_back_from_bf16,
+    fsdp_without_gpu,
+    missing_gpu,
+    slurm_outside_a_job,
+    sync_batchnorm_without_gpu,
+)
 from kiln.cli.from_checkpoint import (
     BUILT_FROM,
     BUILT_FROM_KEY,
@@ -50,6 +56,7 @@ from kiln.cli.resume_check import (
     refuse_changed_data,
     refuse_changed_settings,
     refuse_dropped_average,
+    refuse_fewer_epochs,
 )
 from kiln.cli.run_paths import RunPaths, class_nodes
 from kiln.cli.whole_numbers import keep_whole_numbers
@@ -356,6 +363,7 @@ class KilnCLI(LightningCLI):
             refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), self.config.fit.data,
                                 self.config.fit.ckpt_path)  # fmt: skip
             refuse_dropped_average(checkpoint, self.config.fit.trainer.callbacks, self.config.fit.ckpt_path)
+            refuse_fewer_epochs(checkpoint, self.config.fit.trainer.max_epochs, self.config.fit.ckpt_path)
             keep_run_seed(self.config.fit, self.config.fit.ckpt_path)
             return  # the model and data are built from the command line, which matches the checkpoint
         if self._trained is not None:
@@ -398,7 +406,7 @@ class KilnCLI(LightningCLI):
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
-        for check in (missing_gpu, sync_batchnorm_without_gpu, slurm_outside_a_job):
+        for check in (missing_gpu, fsdp_without_gpu, sync_batchnorm_without_gpu, slurm_outside_a_job):
             if why := check(config.trainer, settings):
                 raise ConfigError(why)
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):

@@ -71,6 +71,18 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
     )
 
 
+def refuse_fewer_epochs(checkpoint: dict[str, Any], max_epochs: int | None, ckpt_path: str) -> None:
+    """A resume whose ``max_epochs`` is below the epochs the checkpoint has trained: Lightning stops on it deep in
+    its restore (an internal error before)."""
+    done = checkpoint.get("epoch")
+    if max_epochs is None or max_epochs == -1 or not isinstance(done, int) or done <= max_epochs:
+        return
+    raise ConfigError(
+        f"--trainer.max_epochs {max_epochs}: the checkpoint {ckpt_path} has trained {done} epochs already; give "
+        f"at least {done} to resume it, or drop --ckpt_path for a new run"
+    )
+
+
 # data settings that change how batches are made, not which samples: a resume may change them (README:
 # another batch size neither replays nor skips data)
 DATA_RUNTIME = {"batch_size", "eval_batch_size", "num_workers", "on_device", "cache", "scan", "download",

@@ -24,7 +24,7 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
-from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped, UsageError
+from kiln.errors import AlreadyFinished, CallError, Interrupted, KilnError, Preempted, Stopped, UsageError
 from kiln.process import stop_signals
 from kiln.process.secrets import load_env_file
 from kiln.runs import folders
@@ -128,14 +128,22 @@ def internal_error(err: BaseException) -> str:
     except OSError:
         where = "the traceback could not be saved"
     first = str(err).splitlines()[0] if str(err) else ""
+    for cause in _causes(err):  # jsonargparse wraps an error a user class's __init__ raised in its own ValueError
+        if (yours := _raised_in_user_code(cause)) is not None:
+            return f"{yours}; {where}"
+    return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
+
+
+def _raised_in_user_code(err: BaseException) -> str | None:
+    """``err`` and the line of the user's module, network or data that raised it (theirs to fix, not kiln's)."""
+    first = str(err).splitlines()[0] if str(err) else ""
     said, process = f"{type(err).__name__}: {first}", ""
     frames: list[traceback.FrameSummary] = list(traceback.extract_tb(err.__traceback__))
     if (worker := _worker_traceback(str(err))) is not None:  # torch re-raises a worker's error from its own frames
         said, frames, process = worker[0], worker[1], ", in a DataLoader worker process"
-    if (frame := _user_frame(frames)) is not None:  # the user's module, network or data: theirs to fix, not kiln's
-        at = f"{frame.filename}:{frame.lineno}, in {frame.name}{process}"
-        return f"{said} (raised in your code: {at}); {where}"
-    return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
+    if (frame := _user_frame(frames)) is None:
+        return None
+    return f"{said} (raised in your code: {frame.filename}:{frame.lineno}, in {frame.name}{process})"
 
 
 def _worker_traceback(message: str) -> tuple[str, list[traceback.FrameSummary]] | None:
@@ -149,9 +157,9 @@ def _worker_traceback(message: str) -> tuple[str, list[traceback.FrameSummary]] 
     return (lines[-1].strip(), frames) if lines else None
 
 
-def _user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+def _user_frame(frames: list[traceback.FrameSummary], past_engine: bool = False) -> traceback.FrameSummary | None:
     """Where the error was raised, when that is the user's own code: the innermost frame that is neither an installed
-    package's nor Python's, unless it is kiln's."""
+    package's nor Python's, unless it is kiln's (``past_engine``: the innermost outside kiln, its caller's)."""
     import sysconfig
 
     engine = Path(__file__).resolve().parents[1]  # installed or not
@@ -159,6 +167,8 @@ def _user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary 
     for frame in reversed(frames):
         path = Path(frame.filename).resolve()
         if engine in path.parents:
+            if past_engine:
+                continue
             return None
         compiled = not Path(frame.filename).is_absolute()  # "<frozen …>", a Cython module's "yaml/_yaml.pyx"
         if not compiled and not any(folder in path.parents for folder in libraries):
@@ -185,7 +195,17 @@ def _full_disk(err: BaseException) -> str | None:
     return None
 
 
+def said(err: KilnError) -> str:
+    """A user error's line; for a kiln function the user's code called with a value it cannot take, with where."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if isinstance(err, CallError) and (frame := _user_frame(frames, past_engine=True)) is not None:
+        return f"{err} (called from your code: {frame.filename}:{frame.lineno}, in {frame.name})"
+    return str(err)
+
+
 def _unexpected(err: Exception) -> str:
+    if wrapped := next((c for c in _causes(err) if isinstance(c, KilnError)), None):  # jsonargparse wraps one a
+        return f"error: {said(wrapped)}"  # class's __init__ raised in its own ValueError
     return f"error: {(os_error(err) if isinstance(err, OSError) else None) or _full_disk(err) or internal_error(err)}"
 
 
@@ -236,7 +256,7 @@ def main(args: list[str] | None = None) -> None:
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
     except KilnError as err:
-        end.leave(f"error: {err}", err.exit_code)
+        end.leave(f"error: {said(err)}", err.exit_code)
     except Stopped as stop:
         _exiting(process)
         end.leave(str(stop), stop_signals.exit_code(stop.signal_name), remove_run=False)

@@ -29,7 +29,7 @@ from kiln.data.on_device import (
     to_unit_float,
 )
 from kiln.data.sampling import EvaluationShard, ResumableSampler
-from kiln.errors import ConfigError, DataError, HealthCheckError
+from kiln.errors import CallError, ConfigError, DataError, HealthCheckError
 from kiln.process.stop_signals import worker_init_fn
 
 Transform = Callable[[Tensor], Tensor]
@@ -154,6 +154,9 @@ def default_num_workers() -> int:
 
 def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
     """Split ``range(n)`` into index tensors of the given fractions; same seed, same split."""
+    if n < 0 or any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
+        raise CallError(f"seeded_split({n}, {tuple(fractions)}, {seed}): the fractions must each be in [0, 1] and add "
+                        "up to at most 1 (the last part takes the rest), and n at least 0")  # fmt: skip
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     sizes = [round(f * n) for f in fractions[:-1]]
     sizes.append(n - sum(sizes))

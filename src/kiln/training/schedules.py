@@ -34,7 +34,10 @@ class WarmupCosineLR(LambdaLR):
         min_lr_ratio: float = 0.0,
     ) -> None:
         if not 0 <= warmup_fraction < 1:
-            raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
+            raise ConfigError(
+                f"WarmupCosineLR: warmup_fraction {warmup_fraction} must be in [0, 1), a share of the schedule's steps "
+                "(model.init_args.scheduler.init_args.warmup_fraction)"
+            )
         self.warmup_fraction = warmup_fraction
         self.total_steps = total_steps
         self.min_lr_ratio = min_lr_ratio

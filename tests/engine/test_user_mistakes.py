@@ -1,0 +1,95 @@
+"""A user's mistake is one line that says what and where, never kiln's "internal error … please report it"."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import forkserver
+import pytest
+from helpers import LIMIT
+
+# a user's module: each class makes one mistake (the line numbers are asserted below)
+MINE = """from kiln.data.base import seeded_split
+from research.data import DigitsDataModule
+from research.models import Classifier
+
+
+class BadData(DigitsDataModule):
+    def __init__(self, batch_size: int = 64) -> None:
+        super().__init__(batch_size=batch_size)
+        [][1]
+
+
+class BadModel(Classifier):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        {}["missing"]
+
+
+class BadSplit(DigitsDataModule):
+    def setup(self, stage: str) -> None:
+        seeded_split(10, (1.5, 0.1), 0)
+
+
+class BadColumns(Classifier):
+    def prediction_columns(self, prediction, batch):
+        return {"a": list(range(len(prediction))), "b": list(range(len(prediction) - 1))}
+"""
+QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+
+
+def kiln(folder: Path, *args: str) -> tuple[int, str]:
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)  # its module, and kiln's
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": path}
+    done = forkserver.run([sys.executable, "-m", "kiln", *args], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    return done.returncode, done.stderr
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The user's module, and a checkpoint of two epochs trained with its BadColumns model."""
+    folder = tmp_path_factory.mktemp("mine")
+    (folder / "mine.py").write_text(MINE)
+    code, err = kiln(folder, "fit", *QUIET, "--model", "mine.BadColumns", "--run.name", "cols")
+    assert code == 0, err[-2000:]
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["fit", *QUIET, "--data", "mine.BadData"],
+         "IndexError: list index out of range (raised in your code: {mine}:9, in __init__)"),
+        (["fit", *QUIET, "--model", "mine.BadModel"],
+         "KeyError: 'missing' (raised in your code: {mine}:15, in __init__)"),
+        (["fit", *QUIET, "--data", "mine.BadSplit"],
+         "seeded_split(10, (1.5, 0.1), 0): the fractions must each be in [0, 1] and add up to at most 1"),
+        (["fit", *QUIET, "--model.init_args.scheduler.init_args.warmup_fraction", "5"],
+         "WarmupCosineLR: warmup_fraction 5.0 must be in [0, 1)"),
+        (["fit", *QUIET, "--trainer.strategy", "fsdp"], "--trainer.strategy asks for FSDP"),
+        (["predict", "--ckpt_path", "{last}"],
+         "for a batch of 64 samples, BadColumns's columns have other lengths (b: 63)"),
+        (["fit", *QUIET, "--model", "mine.BadColumns", "--ckpt_path", "{last}", "--trainer.max_epochs", "1"],
+         "--trainer.max_epochs 1: the checkpoint {last} has trained 2 epochs already; give at least 2"),
+    ],
+    ids=["data_init", "model_init", "kiln_helper_misused", "scheduler_value", "fsdp_on_cpu", "prediction_columns",
+         "resume_with_fewer_epochs"],
+)  # fmt: skip
+def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
+    folder: Path, args: list[str], expected: str
+) -> None:
+    """Each was "internal error (…); please report it": jsonargparse's "Does not validate against any of the Union
+    subtypes" for an exception in a user class's __init__, Lightning's ValueError for FSDP on a CPU and its
+    MisconfigurationException for a resume with fewer epochs, an IndexError in the prediction writer."""
+    (last,) = folder.glob("runs/cols/*/checkpoints/last.ckpt")
+    names = {"mine": str(folder / "mine.py"), "last": str(last)}
+    code, err = kiln(folder, *(a.format(**names) for a in args))
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code != 0 and len(errors) == 1, err[-2000:]
+    assert expected.format(**names) in errors[0] and "internal error" not in err and "Traceback" not in err, errors
+    if "seeded_split" in expected:
+        assert f"(called from your code: {names['mine']}:20, in setup)" in errors[0]
