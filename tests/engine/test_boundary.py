@@ -40,7 +40,7 @@ def test_a_crash_is_one_line_with_the_traceback_saved(tmp_path: Path) -> None:
 
 def test_an_error_raised_in_kilns_own_code_is_an_internal_error_to_report() -> None:
     """Called from the user's code (this test), through a library (yaml), raised where kiln called it: kiln's."""
-    from kiln.commands.boundary import internal_error
+    from kiln.commands.blame import internal_error
     from kiln.files import load_yaml
 
     with pytest.raises(Exception) as raised:
@@ -60,7 +60,7 @@ class _Broken(torch.utils.data.Dataset):
 def test_an_error_raised_in_a_datasets_worker_process_names_the_users_line() -> None:
     """torch re-raises a worker's error from its own frames: the user's dataset bug read "internal error … please
     report it"."""
-    from kiln.commands.boundary import internal_error
+    from kiln.commands.blame import internal_error
 
     with pytest.raises(ValueError) as raised:
         next(iter(torch.utils.data.DataLoader(_Broken(), num_workers=1)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +40,7 @@ class BadColumns(Classifier):
         return {"a": list(range(len(prediction))), "b": list(range(len(prediction) - 1))}
 """
 QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def kiln(folder: Path, *args: str) -> tuple[int, str]:
@@ -93,3 +96,34 @@ def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
     assert expected.format(**names) in errors[0] and "internal error" not in err and "Traceback" not in err, errors
     if "seeded_split" in expected:
         assert f"(called from your code: {names['mine']}:20, in setup)" in errors[0]
+
+
+@pytest.mark.slow
+def test_in_a_non_editable_install_an_error_in_the_research_package_is_the_users(tmp_path: Path) -> None:
+    """The Dockerfile installs the project with `uv sync --no-editable`: the research package sits among the
+    libraries, and each error it raised was "internal error … please report it" (or named a library's line)."""
+    import torch
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = venv.glob("lib/python*/site-packages")
+    for package in ("kiln", "research"):  # as the wheel lays them out
+        shutil.copytree(SRC / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SRC.parent / "configs", site / "kiln" / "configs")  # the wheel's force-include
+    record = site / "kiln-0.1.0.dist-info"
+    record.mkdir()
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: kiln\nVersion: 0.1.0\n")
+    (record / "top_level.txt").write_text("kiln\nresearch\n")
+    (site / "libraries.pth").write_text(f"{Path(torch.__file__).parents[1]}\n")  # torch, Lightning, ... as they are
+    (site / "research" / "data" / "mistake.py").write_text(
+        "from research.data import DigitsDataModule\n\n\nclass Mistaken(DigitsDataModule):\n"
+        "    def setup(self, stage: str) -> None:\n        raise ValueError('a mistake of the research code')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"WANDB_MODE": "disabled"}
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "kiln", "fit", *QUIET, "--data",
+                           "research.data.mistake.Mistaken"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr[-2000:]
+    where = f"raised in your code: {(site / 'research' / 'data' / 'mistake.py').resolve()}:6, in setup"
+    assert "ValueError: a mistake of the research code" in errors[0] and where in errors[0], errors

@@ -14,17 +14,13 @@ import gc
 import importlib
 import logging
 import os
-import re
 import sys
-import tempfile
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from functools import partial
-from pathlib import Path
 
-from kiln.errors import AlreadyFinished, CallError, Interrupted, KilnError, Preempted, Stopped, UsageError
+from kiln.commands.blame import causes, internal_error, said
+from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped, UsageError
 from kiln.process import stop_signals
 from kiln.process.secrets import load_env_file
 from kiln.runs import folders
@@ -40,7 +36,6 @@ COMMANDS = {
     "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
 FULL = (errno.ENOSPC, errno.EDQUOT)
-WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # in torch's re-raised worker error
 WITHOUT_TORCH = ("infer", "diff")  # commands that run where torch is not installed, or need not load it
 
 
@@ -114,80 +109,9 @@ def os_error(err: OSError) -> str | None:
     return None
 
 
-def internal_error(err: BaseException) -> str:
-    """Save the traceback (in the run folder when there is one), and say where, in one line."""
-    folder = folders.current_run_dir()
-    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    if folder is not None and folder.is_dir():
-        saved = folder / f"error-{stamp}.log"
-    else:
-        saved = Path(tempfile.gettempdir()) / f"kiln-error-{stamp}.log"
-    try:
-        saved.write_text("".join(traceback.format_exception(err)))
-        where = f"the traceback is in {saved}"
-    except OSError:
-        where = "the traceback could not be saved"
-    first = str(err).splitlines()[0] if str(err) else ""
-    for cause in _causes(err):  # jsonargparse wraps an error a user class's __init__ raised in its own ValueError
-        if (yours := _raised_in_user_code(cause)) is not None:
-            return f"{yours}; {where}"
-    return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
-
-
-def _raised_in_user_code(err: BaseException) -> str | None:
-    """``err`` and the line of the user's module, network or data that raised it (theirs to fix, not kiln's)."""
-    first = str(err).splitlines()[0] if str(err) else ""
-    said, process = f"{type(err).__name__}: {first}", ""
-    frames: list[traceback.FrameSummary] = list(traceback.extract_tb(err.__traceback__))
-    if (worker := _worker_traceback(str(err))) is not None:  # torch re-raises a worker's error from its own frames
-        said, frames, process = worker[0], worker[1], ", in a DataLoader worker process"
-    if (frame := _user_frame(frames)) is None:
-        return None
-    return f"{said} (raised in your code: {frame.filename}:{frame.lineno}, in {frame.name}{process})"
-
-
-def _worker_traceback(message: str) -> tuple[str, list[traceback.FrameSummary]] | None:
-    """A DataLoader worker's error, as torch re-raises it: its last line and its frames, read from the message."""
-    if WORKER_TRACEBACK not in message:
-        return None
-    original = message.split(WORKER_TRACEBACK, 1)[1]
-    found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', original)
-    frames = [traceback.FrameSummary(file, int(line), name, lookup_line=False) for file, line, name in found]
-    lines = [line for line in original.strip().splitlines() if line.strip()]
-    return (lines[-1].strip(), frames) if lines else None
-
-
-def _user_frame(frames: list[traceback.FrameSummary], past_engine: bool = False) -> traceback.FrameSummary | None:
-    """Where the error was raised, when that is the user's own code: the innermost frame that is neither an installed
-    package's nor Python's, unless it is kiln's (``past_engine``: the innermost outside kiln, its caller's)."""
-    import sysconfig
-
-    engine = Path(__file__).resolve().parents[1]  # installed or not
-    libraries = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    for frame in reversed(frames):
-        path = Path(frame.filename).resolve()
-        if engine in path.parents:
-            if past_engine:
-                continue
-            return None
-        compiled = not Path(frame.filename).is_absolute()  # "<frozen …>", a Cython module's "yaml/_yaml.pyx"
-        if not compiled and not any(folder in path.parents for folder in libraries):
-            return frame  # torch, Lightning and Python frames above it: called by the code that matters
-    return None
-
-
-def _causes(err: BaseException) -> list[BaseException]:
-    chain: list[BaseException] = []
-    cause: BaseException | None = err
-    while cause is not None and cause not in chain:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    return chain
-
-
 def _full_disk(err: BaseException) -> str | None:
     """One line for a full disk behind a library's own error (a sweep's SQLite study, a journal file)."""
-    for cause in _causes(err):
+    for cause in causes(err):
         if isinstance(cause, OSError) and cause.errno in FULL:
             return os_error(cause)
         if "database or disk is full" in str(cause):
@@ -195,16 +119,8 @@ def _full_disk(err: BaseException) -> str | None:
     return None
 
 
-def said(err: KilnError) -> str:
-    """A user error's line; for a kiln function the user's code called with a value it cannot take, with where."""
-    frames = traceback.extract_tb(err.__traceback__)
-    if isinstance(err, CallError) and (frame := _user_frame(frames, past_engine=True)) is not None:
-        return f"{err} (called from your code: {frame.filename}:{frame.lineno}, in {frame.name})"
-    return str(err)
-
-
 def _unexpected(err: Exception) -> str:
-    if wrapped := next((c for c in _causes(err) if isinstance(c, KilnError)), None):  # jsonargparse wraps one a
+    if wrapped := next((c for c in causes(err) if isinstance(c, KilnError)), None):  # jsonargparse wraps one a
         return f"error: {said(wrapped)}"  # class's __init__ raised in its own ValueError
     return f"error: {(os_error(err) if isinstance(err, OSError) else None) or _full_disk(err) or internal_error(err)}"
 
