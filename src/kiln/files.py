@@ -4,6 +4,8 @@ and YAML read and written by libyaml, PyYAML's C code, where it is installed (pu
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +32,36 @@ def written_whole(path: str | Path) -> Iterator[Path]:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextmanager
+def folder_written_whole(path: Path) -> Iterator[Path]:
+    """A staging folder beside ``path`` to fill; it becomes ``path`` (readable as the umask allows, not 0700) when
+    the block ends without an error, and is removed when it raises. One a killed process left is removed first."""
+    for left in path.parent.glob(f".{path.name}.*.partial"):
+        if left.is_dir() and not _running(int(left.name.rsplit(".", 2)[-2])):
+            shutil.rmtree(left, ignore_errors=True)
+            print(f"removed {left}: a partial {path.name} a killed process left", file=sys.stderr)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)
+        staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def load_yaml(text: str | bytes) -> Any:

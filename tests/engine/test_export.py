@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import forkserver
@@ -159,3 +160,29 @@ def test_infer_paths_that_cannot_work_are_one_line(args: list[str], says: str, c
     assert stop.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert says in line and not list(Path(".").glob("*.csv")) and not list(Path("here").iterdir())
+
+
+@pytest.mark.slow
+def test_an_export_killed_midway_leaves_a_folder_the_next_export_removes_and_a_finished_one_is_readable(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """After a kill -9 during kiln export a staging folder with a partial model.onnx stayed, never named or cleaned;
+    a finished export folder was mode 0700 (tempfile's), unreadable to a group on a shared disk."""
+    fit = build_cli(["fit", *LIMIT, *QUIET, "--run.root", str(tmp_path), "--run.test_after_fit=false"])
+    best = fit.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    command = [sys.executable, "-m", "kiln", "export", "--ckpt_path", best, "--output", str(tmp_path / "served"),
+               "--format", "onnx"]  # fmt: skip
+    export = subprocess.Popen(command, stderr=subprocess.DEVNULL, env={**os.environ, "WANDB_MODE": "disabled"})
+    for _ in range(1200):  # until it writes its staging folder
+        if staged := [p for p in tmp_path.glob(".served.*.partial") if any(p.iterdir())]:
+            break
+        time.sleep(0.05)
+    export.kill()
+    export.wait(timeout=60)
+    assert staged and staged[0].is_dir(), "the export never staged its files"
+    main(["export", "--ckpt_path", best, "--output", str(tmp_path / "served"), "--format", "onnx"])
+    assert f"removed {staged[0]}: a partial served a killed process left" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".served.*")) and (tmp_path / "served" / "model.onnx").is_file()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "served").stat().st_mode & 0o777 == 0o777 & ~umask  # was 0o700

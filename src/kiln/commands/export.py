@@ -14,7 +14,6 @@ import json
 import logging
 import shutil
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from kiln.cli.from_checkpoint import rebuild
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.sweep.inprocess import parse_command
 from kiln.errors import KilnError, UsageError
+from kiln.files import folder_written_whole
 from kiln.process import stop_signals
 from kiln.training.contracts import classes, sample_shape, statistics
 from kiln.wandb import checkpoints as wandb_checkpoints
@@ -189,13 +189,12 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
             f"kiln export: {output.parent} has {free / 2**20:.0f} MiB free, the export needs about "
             f"{needed / 2**20:.0f} MiB: free some, or give another --output"
         )
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance,
                               "output": "logits" if classifier else "output"}  # fmt: skip
     if version is not None:
         report["checkpoint_version"] = version
     caught: list[warnings.WarningMessage] = []
-    try:
+    with folder_written_whole(output) as staging:
         with warnings.catch_warnings(record=True) as caught, _quiet_export_logs():  # torch's exporters warn
             warnings.simplefilter("always")  # about their own internals: dozens of lines for a GRU
             _write_formats(served, example, staging, formats, inputs, batch_sizes, report, classifier)
@@ -213,9 +212,6 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
                 f"{fmt} export differs from the eager model at batch size {size}: {agreement(r, tolerance)}; "
                 "nothing was written"
             )
-        staging.rename(output)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return report
 
 
