@@ -78,9 +78,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "for a batch of 64 samples, BadColumns's columns have other lengths (b: 63)"),
         (["fit", *QUIET, "--model", "mine.BadColumns", "--ckpt_path", "{last}", "--trainer.max_epochs", "1"],
          "--trainer.max_epochs 1: the checkpoint {last} has trained 2 epochs already; give at least 2"),
+        (["multirun", "--root", "", "--", *QUIET], "kiln multirun: argument --root: an empty folder"),
+        (["sweep", "-c", "any.yaml", "--root", " "], "kiln sweep: argument --root: an empty folder"),
     ],
     ids=["data_init", "model_init", "kiln_helper_misused", "scheduler_value", "fsdp_on_cpu", "prediction_columns",
-         "resume_with_fewer_epochs"],
+         "resume_with_fewer_epochs", "multirun_into_an_empty_root", "sweep_into_an_empty_root"],
 )  # fmt: skip
 def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
     folder: Path, args: list[str], expected: str
@@ -94,6 +96,7 @@ def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code != 0 and len(errors) == 1, err[-2000:]
     assert expected.format(**names) in errors[0] and "internal error" not in err and "Traceback" not in err, errors
+    assert not (folder / "multirun").exists()  # an empty --root trained into ./multirun, with exit 0
     if "seeded_split" in expected:
         assert f"(called from your code: {names['mine']}:20, in setup)" in errors[0]
 

@@ -13,3 +13,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def folder(text: str) -> str:
+    """A folder option's value: an empty one trained into ``./<name>`` (not ignored by git), with no word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty folder: give one, or leave the option out for its default")
+    return text

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.commands.arguments import OneLineParser
+from kiln.commands.arguments import OneLineParser, folder
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import (
     STOPPED,
@@ -226,7 +226,7 @@ def sweep_command(args: list[str]) -> None:
     parser.add_argument(
         "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"
     )
-    parser.add_argument("--root", default="runs/sweeps", help="where sweep folders go")
+    parser.add_argument("--root", type=folder, default="runs/sweeps", help="where sweep folders go")
     parser.add_argument(
         "--subprocess", action="store_true", help="each trial its own `kiln fit` process (DDP and multi-GPU trials)"
     )

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kiln import console
-from kiln.commands.arguments import OneLineParser
+from kiln.commands.arguments import OneLineParser, folder
 from kiln.commands.sweep.inprocess import (
     STOPPED,
     fit,
@@ -275,8 +275,8 @@ def multirun_command(args: list[str]) -> None:
     parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
     parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
     parser.add_argument("--grid", nargs="*", default=[], help="KEY=V1,V2 ... (every combination)")
-    parser.add_argument("--name", default="multirun", help="the folder under --root")
-    parser.add_argument("--root", default="runs/multirun")
+    parser.add_argument("--name", type=folder, default="multirun", help="the folder under --root")
+    parser.add_argument("--root", type=folder, default="runs/multirun")
     parser.add_argument("--subprocess", action="store_true", help="each run its own `kiln fit` process (DDP)")
     options, fit_args = parse_command(parser, args)
     if options.folds is not None and options.folds < 2:
