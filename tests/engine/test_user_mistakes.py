@@ -38,6 +38,10 @@ class BadSplit(DigitsDataModule):
 class BadColumns(Classifier):
     def prediction_columns(self, prediction, batch):
         return {"a": list(range(len(prediction))), "b": list(range(len(prediction) - 1))}
+
+
+class FewNames(DigitsDataModule):
+    class_names = ("zero", "one", "two")
 """
 QUIET = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -78,11 +82,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "for a batch of 64 samples, BadColumns's columns have other lengths (b: 63)"),
         (["fit", *QUIET, "--model", "mine.BadColumns", "--ckpt_path", "{last}", "--trainer.max_epochs", "1"],
          "--trainer.max_epochs 1: the checkpoint {last} has trained 2 epochs already; give at least 2"),
+        (["fit", *QUIET, "--data", "mine.FewNames"], "FewNames declares 10 classes and 3 class_names (zero, one, two)"),
         (["multirun", "--root", "", "--", *QUIET], "kiln multirun: argument --root: an empty folder"),
         (["sweep", "-c", "any.yaml", "--root", " "], "kiln sweep: argument --root: an empty folder"),
     ],
     ids=["data_init", "model_init", "kiln_helper_misused", "scheduler_value", "fsdp_on_cpu", "prediction_columns",
-         "resume_with_fewer_epochs", "multirun_into_an_empty_root", "sweep_into_an_empty_root"],
+         "resume_with_fewer_epochs", "class_names_for_fewer_classes", "multirun_into_an_empty_root",
+         "sweep_into_an_empty_root"],
 )  # fmt: skip
 def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
     folder: Path, args: list[str], expected: str

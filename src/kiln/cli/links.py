@@ -86,6 +86,12 @@ class DataLinks:
         """What ``target`` gets from the instantiated datamodule (its declaration, or the class's default)."""
         self._use_net_stats(data)
         declared = getattr(data, attr, None)
+        names = getattr(data, "class_names", None) if attr == "num_classes" else None
+        if names and declared is not None and len(names) != declared:  # pictures and predictions dropped them
+            raise ConfigError(
+                f"{type(data).__name__} declares {declared} classes and {len(names)} class_names "
+                f"({', '.join(map(str, list(names)[:4]))}{', …' if len(names) > 4 else ''}): give one name a class"
+            )
         if target not in self.accepted:
             return declared
         name = type(data).__name__
