@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -150,13 +151,15 @@ def test_early_stopping_preset_appends_and_stops() -> None:
 @pytest.mark.long
 def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_and_records_the_same(tmp_path: Path) -> None:
     """ddp_spawn's test after fit (in processes of its own) logged at step 0: metrics.csv kept the test row alone
-    and metrics.json said 0 epochs and 0 steps, for a run that trained as the ddp run did."""
+    and metrics.json said 0 epochs and 0 steps, for a run that trained as the ddp run did (tested: ddp_spawn only,
+    a test spawns two more processes, ~10 CPU-s)."""
     validated, records = {}, {}
     for strategy in ("ddp", "ddp_spawn"):  # ddp_spawn pickles the CLI: a closure in it was an internal error
         cmd = [sys.executable, "-m", "kiln", "fit", "-c", str(CONFIGS / "trainer" / "ddp_cpu.yaml"), *LIMIT,
                "--trainer.strategy", strategy, "--run.root", str(tmp_path / strategy),
                "--trainer.callbacks+=probes.GroupAtExit", f"--trainer.callbacks.marker={tmp_path / strategy}-group",
-               "-c", str(CONFIGS / "logger" / "csv.yaml")]  # fmt: skip
+               "-c", str(CONFIGS / "logger" / "csv.yaml"),
+               f"--run.test_after_fit={strategy == 'ddp_spawn'}"]  # fmt: skip
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
         done = forkserver.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -166,13 +169,17 @@ def test_ddp_cpu_preset_runs_two_processes_and_ddp_spawn_trains_and_records_the_
         # rank's lines reached the console only
         metrics = json.loads((run_dir / "metrics.json").read_text())
         validated[strategy] = metrics["val"]["last"]
-        rows = (run_dir / "metrics.csv").read_text().splitlines()
-        records[strategy] = (metrics["epochs"], metrics["global_step"], metrics["test"][0]["metrics"], rows)
+        with (run_dir / "metrics.csv").open() as f:
+            rows = [{k: v for k, v in row.items() if v} for row in csv.DictReader(f)]
+        records[strategy] = (metrics["epochs"], metrics["global_step"], rows)
         at_exit = {p.name: p.read_text() for p in tmp_path.glob(f"{strategy}-group.*")}  # one per rank process
         assert {name.split(".")[1] for name in at_exit} == {"0", "1"} and set(at_exit.values()) == {"False"}, at_exit
         # before, each rank's gloo group was left to the interpreter's exit, where it can abort the process
     assert validated["ddp_spawn"] == validated["ddp"] and "val/loss" in validated["ddp"]
-    assert records["ddp_spawn"] == records["ddp"] and records["ddp"][1] > 0 and len(records["ddp"][3]) > 5
+    (epochs, steps, rows), (spawn_epochs, spawn_steps, spawn_rows) = records["ddp"], records["ddp_spawn"]
+    assert (spawn_epochs, spawn_steps) == (epochs, steps) == (2, 10)
+    assert spawn_rows[: len(rows)] == rows and len(rows) > 5  # every training and validation row, then the test's
+    assert [row["step"] for row in spawn_rows[len(rows) :] if "test/acc" in row] == ["10"]
 
 
 @pytest.mark.slow
