@@ -555,10 +555,11 @@ def test_a_stop_at_any_step_resumes_to_the_uninterrupted_runs_metrics_csv_and_we
     tmp_path: Path, name: str, code: int
 ) -> None:
     """Every step from 0 (the run's start-up, where SLURM's `--signal=SIGUSR1@90` may come) to one past the first
-    epoch's end. Saved at a batch's start, the checkpoint made Lightning count the last step again (every later row
-    of metrics.csv one step off); at an epoch's first batch, and at step 0 (17 rows of 20, train/loss at step 19 for
-    9), and after a mid-epoch validation, Lightning took the save for one written at a validation and counted a step
-    more; a SIGTERM in the epoch's validation lost its last training step's rows."""
+    epoch's end (for SIGTERM, whose mid-epoch path is SIGUSR1's, those around the epoch's end). Saved at a batch's
+    start, the checkpoint made Lightning count the last step again (every later row of metrics.csv one step off);
+    at an epoch's first batch, at step 0 (17 rows of 20, train/loss at step 19 for 9) and after a mid-epoch
+    validation, Lightning took the save for one written at a validation and counted a step more; a SIGTERM in the
+    epoch's validation lost its last training step's rows."""
     command = [sys.executable, "-m", "kiln", "fit", "--trainer.max_epochs", "2", "--trainer.limit_train_batches",
                "4", "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "1", "--trainer.logger",
                "kiln.training.loggers.Csv", "--run.test_after_fit", "false", "--data.num_workers", "0"]  # fmt: skip
@@ -569,7 +570,8 @@ def test_a_stop_at_any_step_resumes_to_the_uninterrupted_runs_metrics_csv_and_we
                               text=True, timeout=300)  # fmt: skip
 
     mid_validation = ["--trainer.val_check_interval", "2"]  # a validation after step 2 as well
-    for setting, steps in [([], range(6)), (mid_validation, [2])]:  # 4 steps an epoch
+    every = range(6) if name == "SIGUSR1" else [0, 3, 4, 5]  # SIGTERM: start, an epoch's end either side, its next
+    for setting, steps in [([], every), (mid_validation, [2])]:  # 4 steps an epoch
         assert run(f"whole{setting}", *setting).returncode == 0
         (whole,) = (tmp_path / f"whole{setting}").glob("digits/*")
         for step in steps:
