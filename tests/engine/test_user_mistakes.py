@@ -84,16 +84,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--trainer.max_epochs 1: the checkpoint {last} has trained 2 epochs already; give at least 2"),
         (["fit", *QUIET, "--data", "mine.FewNames"], "FewNames declares 10 classes and 3 class_names (zero, one, two)"),
         (["multirun", "--root", "", "--", *QUIET], "kiln multirun: argument --root: an empty folder"),
+        (["fit", "-c", ""], "-c: an empty file name: give a YAML file, or leave -c out"),
+        (["fit", "--non_finite.max_skips", "ten"], "--non_finite.max_skips: 'ten' given, expected int"),
         (["sweep", "-c", "any.yaml", "--root", " "], "kiln sweep: argument --root: an empty folder"),
     ],
     ids=["data_init", "model_init", "kiln_helper_misused", "scheduler_value", "fsdp_on_cpu", "prediction_columns",
          "resume_with_fewer_epochs", "class_names_for_fewer_classes", "multirun_into_an_empty_root",
-         "sweep_into_an_empty_root"],
+         "sweep_into_an_empty_root", "empty_config_file_name", "kilns_own_option_of_the_wrong_type"],
 )  # fmt: skip
 def test_a_users_mistake_is_one_line_naming_it_and_never_an_internal_error(
     folder: Path, args: list[str], expected: str
 ) -> None:
-    """Each was "internal error (…); please report it": jsonargparse's "Does not validate against any of the Union
+    """Each was "internal error (…); please report it" or said less than this (`Unexpected config:`, `Expected a
+    <class 'int'>`, exit 0 into ./multirun): jsonargparse's "Does not validate against any of the Union
     subtypes" for an exception in a user class's __init__, Lightning's ValueError for FSDP on a CPU and its
     MisconfigurationException for a resume with fewer epochs, an IndexError in the prediction writer."""
     (last,) = folder.glob("runs/cols/*/checkpoints/last.ckpt")

@@ -30,7 +30,10 @@ UNKNOWN_OPTION = re.compile(r"Option '([^']+)' is not accepted")
 NO_ATTRIBUTE = re.compile(r"module '([^']+)' has no attribute '([^']+)'")
 NO_MODULE = re.compile(r"No module named '([^']+)'")
 UNKNOWN_KEY = re.compile(r"does not accept option '([^']+)'|unrecognized arguments: --([^\s=]+)")
-GIVEN = re.compile(r"^Given value: (.*?)(?:\. Got value: .*)?$|Not of type \w+: (.*) does not conform")
+GIVEN = re.compile(
+    r"^Given value: (.*?)(?:\. Got value: .*)?$|Not of type \w+: (.*) does not conform|"
+    r"Expected an? <class '[^']+'>\. Got value: (.*)$"
+)  # a kiln option's own value (non_finite.*)
 EXPECTED = re.compile(r"Expected an? (?:<class '([^']+)'>|([A-Z]\w+))|Not of type (\w+)")
 YAML_PROBLEM = "Problems parsing config"
 MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
@@ -219,6 +222,8 @@ def describe(message: str, args: list[str], default_files: Iterable[str], known_
 
 def _describe(message: str, settings: list[Source], known_keys: Callable[[], list[str]]) -> str:
     broken = next((s for s in settings if s.problem is not None), None)
+    if message.strip() == "Unexpected config:":  # jsonargparse's word for `-c ""`
+        return "-c: an empty file name: give a YAML file, or leave -c out"
     if YAML_PROBLEM in message and broken is not None:
         mark = getattr(broken.problem, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
