@@ -540,3 +540,14 @@ def test_a_trial_whose_host_died_is_resumed_and_one_whose_heartbeat_goes_on_is_l
     (resumed,) = study(tmp_path).get_trials()
     assert resumed.state == optuna.trial.TrialState.COMPLETE and resumed.user_attrs["heartbeat"] > time.time() - 60
     assert (tmp_path / "runs" / "sweeps" / "tiny" / "trial-0000").is_dir()  # in its own folder
+
+
+def test_a_sweep_of_fast_dev_run_trials_says_why_it_writes_no_best_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A fast_dev_run trial saves no config.yaml: the sweep wrote no best.yaml and said nothing."""
+    spec = sweep_file(tmp_path, n_trials=1, args=["-c", str(CONFIGS / "debug" / "fast_dev_run.yaml"), *QUIET])
+    main(["sweep", "-c", str(spec), "--root", str(tmp_path / "runs" / "sweeps")])
+    err = capsys.readouterr().err
+    assert "no best.yaml: the best trial, 0, left no config.yaml in a run folder (a fast_dev_run trial" in err
+    assert not (tmp_path / "runs" / "sweeps" / "tiny" / "best.yaml").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -179,6 +180,10 @@ def report(study: Any, sweep: Sweep, sweep_dir: Path) -> None:
     pictures = write_pictures(study, sweep, sweep_dir)
     found = best_run(study)
     if found is None:
+        with contextlib.suppress(ValueError):  # no trial completed: the table says so
+            best = study.best_trial
+            print(f"no best.yaml: the best trial, {best.number}, left no config.yaml in a run folder (a fast_dev_run "
+                  f"trial saves nothing); its parameters: {describe(best.params)}", file=sys.stderr)  # fmt: skip
         return
     best, run_dir, config = found
     log_to_wandb(study, config, sweep, sweep_dir, pictures)
