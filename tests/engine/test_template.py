@@ -206,3 +206,13 @@ def test_any_description_is_accepted_as_written(template: Path, tmp_path: Path) 
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     assert tomllib.loads((made / "pyproject.toml").read_text())["project"]["description"] == description
     assert description in (made / "README.md").read_text()
+
+
+def test_a_project_name_too_long_for_a_folder_makes_a_folder_of_64_characters(template: Path, tmp_path: Path) -> None:
+    """A 300-character project name ended in cookiecutter's traceback (OSError: File name too long)."""
+    from cookiecutter.main import cookiecutter
+
+    answers = {**ANSWERS, "project_name": "Retina Scan " * 25}
+    out = Path(cookiecutter(str(template), no_input=True, extra_context=answers, output_dir=str(tmp_path)))
+    assert len(out.name) <= 64 and out.name.startswith("retina-scan-retina-scan") and not out.name.endswith("-")
+    assert (out / "src" / out.name.replace("-", "_") / "models" / "classifier.py").is_file()
