@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.files import load_yaml
-from kiln.runs.folders import layout, partial_data, read_metrics
+from kiln.runs.folders import in_use, layout, partial_data, read_metrics
 from kiln.runs.metrics import run_metrics
 
 if TYPE_CHECKING:
@@ -68,11 +68,14 @@ def config(run_dir: str | Path) -> dict[str, Any]:
 
 def status(run_dir: str | Path) -> tuple[str, str]:
     """How the run's last command ended, and its line: ``finished``, ``failed``, ``interrupted`` or ``running``
-    as recorded (``running``: still, or killed without a word); for a folder without a record, ``finished`` when
-    it was tested, ``failed`` when it left a traceback, ``resumable`` when it saved a training state."""
+    as recorded, ``stopped`` for a ``running`` whose process is gone (killed without a word); for a folder without
+    a record, ``finished`` when it was tested, ``failed`` when it left a traceback, ``resumable`` when it saved a
+    training state."""
     run = layout(run_dir)
     if run.status.is_file():
         record = json.loads(run.status.read_text())
+        if record["status"] == "running" and not in_use(run.root):  # its command's process is gone
+            return "stopped", "ended without a word: killed (kill -9, out of memory), or built and never run"
         return str(record["status"]), str(record.get("detail", ""))
     if "test" in read_metrics(run.root):
         return "finished", ""

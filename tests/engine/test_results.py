@@ -4,6 +4,9 @@ run folders for each status, and real runs for each logger's history (W&B's offl
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -103,3 +106,24 @@ def test_a_real_runs_history_from_its_logger_matches_its_metrics(logger: str, mo
     assert val["val/loss"].iloc[-1] == pytest.approx(row["val/loss @best"])  # the best epoch is the last here
     assert len(results.curve(run_dir, "train/loss")) >= 1
     assert [p.name.split("-")[0] for p in results.pictures(run_dir)] == ["batch_grid.png", "confusion_matrix"]
+
+
+def test_a_run_killed_without_a_word_or_built_and_never_run_is_stopped_not_running(tmp_path: Path) -> None:
+    """A kill -9 (or `build_cli(run=False)` in a process that then ended) left status.json at `running` for good,
+    and kiln.results listed such runs as running."""
+    command = [sys.executable, "-c", "from kiln.cli import build_cli; build_cli(['--run.root', 'runs'], run=False)"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (built,) = (tmp_path / "runs" / "digits").iterdir()
+    assert json.loads((built / "status.json").read_text())["status"] == "running"  # what the process left
+    assert results.status(built)[0] == "stopped"
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from kiln.runs import folders; "
+                             f"folders.hold(folders.Path({str(built)!r})); print('held', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert held.stdout is not None and held.stdout.readline().strip() == "held"
+        assert results.status(built)[0] == "running"  # a live process holds it
+    finally:
+        held.kill()
+        held.wait()

@@ -151,6 +151,18 @@ def hold(run_dir: Path) -> None:
     _held = lock
 
 
+def in_use(run_dir: Path) -> bool:
+    """Whether a live process holds the run folder (``hold``); without a lock to ask, taken to be."""
+    if fcntl is None or not (run_dir / ".lock").is_file():
+        return True
+    with (run_dir / ".lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False  # the lock drops as the file closes
+
+
 def release() -> None:
     global _held
     if _held is not None:
