@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from kiln.process import running
+
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the same safe tags and resolvers, in C
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
@@ -39,29 +41,17 @@ def folder_written_whole(path: Path) -> Iterator[Path]:
     """A staging folder beside ``path`` to fill; it becomes ``path`` (readable as the umask allows, not 0700) when
     the block ends without an error, and is removed when it raises. One a killed process left is removed first."""
     for left in path.parent.glob(f".{path.name}.*.partial"):
-        if left.is_dir() and not _running(int(left.name.rsplit(".", 2)[-2])):
+        pid = left.name.rsplit(".", 2)[-2]
+        if left.is_dir() and pid.isdigit() and not running(int(pid)):
             shutil.rmtree(left, ignore_errors=True)
             print(f"removed {left}: a partial {path.name} a killed process left", file=sys.stderr)
     staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    staging.mkdir(parents=True)
+    staging.mkdir(parents=True)  # mode 0o777 less the umask (tempfile's folders were 0700)
     try:
         yield staging
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)
         staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def load_yaml(text: str | bytes) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from kiln.commands.sweep.space import Sweep, read_sweep
 from kiln.errors import UsageError
+from kiln.process import running
 from kiln.process.secrets import redact_url
 
 
@@ -141,13 +142,7 @@ def alive(owner: str, heartbeat: float | None = None) -> bool:
     else:
         host, _, pid = owner.rpartition(":")
         if host == socket.gethostname():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                return False
-            except (PermissionError, ValueError):
-                return True
-            return True
+            return not pid.isdigit() or running(int(pid))
     return heartbeat is None or time.time() - heartbeat < STALE
 
 
