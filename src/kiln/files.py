@@ -62,3 +62,17 @@ def load_yaml(text: str | bytes) -> Any:
 def dump_yaml(data: Any) -> str:
     """``yaml.safe_dump(data, sort_keys=False)``, in C."""
     return yaml.dump(data, Dumper=_DUMPER, sort_keys=False)
+
+
+def broken_archives(folder: Path, pattern: str = "*.ckpt") -> list[str]:
+    """The files under ``folder`` matching ``pattern`` that no longer open as the zip archives ``torch.save``
+    writes (truncated, overwritten): named, without reading their tensors."""
+    import zipfile
+
+    broken = []
+    for path in sorted(folder.glob(pattern)) if folder.is_dir() else []:
+        try:
+            zipfile.ZipFile(path).close()
+        except (OSError, zipfile.BadZipFile):
+            broken.append(path.name)
+    return broken

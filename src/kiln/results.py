@@ -16,9 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.files import load_yaml
-from kiln.runs.folders import in_use, layout, partial_data, read_metrics
+from kiln.files import broken_archives, load_yaml
+from kiln.runs.folders import in_use, layout, read_metrics
 from kiln.runs.metrics import run_metrics
+from kiln.runs.picking import partial_data
 
 if TYPE_CHECKING:
     import optuna
@@ -93,10 +94,11 @@ def run_folders(root: str | Path = "runs") -> list[Path]:
 
 
 def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd.DataFrame:
-    """One row per run: experiment, run, status, resumable, what data it trained on, the logger files it
-    left (``csv``, ``wandb``, ``tensorboard``: what :func:`history` reads), epochs, steps, seconds,
-    its metrics by weights (``val/loss @best``, ``test/acc @best``, ``test/acc @last``) and config keys:
-    ``"varying"`` (those that differ between the runs listed), ``"all"``, or the keys named; ``path`` last."""
+    """One row per run: experiment, run, status, resumable, its checkpoints that no longer load (``broken``), what
+    data it trained on, the logger files it left (``csv``, ``wandb``, ``tensorboard``: what :func:`history` reads),
+    epochs, steps, seconds, its metrics by weights (``val/loss @best``, ``test/acc @best``, ``test/acc @last``) and
+    config keys: ``"varying"`` (those that differ between the runs listed), ``"all"``, or the keys named; ``path``
+    last."""
     import pandas as pd
 
     rows, configs, folders = [], [], run_folders(root)
@@ -108,6 +110,7 @@ def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd
         rows.append({
             "experiment": str(run_dir.parent.relative_to(root)), "run": run_dir.name, "status": state,
             "detail": detail, "resumable": state != "finished" and layout(run_dir).last.is_file(),
+            "broken": ", ".join(broken_archives(layout(run_dir).checkpoints)),  # weights lost, numbers stand
             "data": partial or "all", "logged": log_files(run_dir)[0], "epochs": data.get("epochs"),
             "steps": data.get("global_step"), "seconds": data.get("wall_seconds"), **run_metrics(run_dir),
         })  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers import CONFIGS, LIMIT, PROBES
 
+from kiln import results
 from kiln.commands.boundary import main
 from research.data import DigitsDataModule
 
@@ -51,9 +52,18 @@ def test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing(c
     assert "| width=8 | test/acc @best |" in report and "| width=8 | test/acc @last |" in report
     assert "@best: the checkpoint (and its epoch's validation) with the best val/loss" in report
     capsys.readouterr()
+    damaged = folders[0] / "checkpoints" / "last.ckpt"  # a disk that filled, a copy cut short
+    damaged.write_bytes(damaged.read_bytes()[:1000])
     main(command)
-    assert capsys.readouterr().err.count("done before with the same config") == 4
+    err = capsys.readouterr().err
+    assert err.count("done before with the same config") == 4
+    assert f"width=16/seed0: its checkpoints last.ckpt no longer load (truncated or overwritten): its numbers stand, " \
+        f"its weights are lost; delete {folders[0]} to train it again" in err  # fmt: skip
     assert sorted(root.glob("width=*/seed*/2*")) == folders  # nothing new trained
+    listed = results.runs("runs/multirun")
+    assert listed.set_index("path")["broken"].to_dict() == {
+        str(f): "last.ckpt" if f == folders[0] else "" for f in folders
+    }
 
 
 @pytest.mark.slow
@@ -144,28 +154,38 @@ def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.Captu
 
 
 @pytest.mark.slow
-def test_a_stopped_multirun_sums_up_what_finished_and_its_rerun_resumes_the_cut_run(
+def test_a_stopped_multirun_sums_up_what_finished_and_another_array_tasks_rerun_resumes_the_cut_run(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rerun trained the cut run again from scratch in a new folder, and the stop wrote no aggregate."""
+    """The rerun trained the cut run again from scratch in a new folder, and the stop wrote no aggregate. As
+    another SLURM array task (a scancelled task's run, taken up by the next): it said "resuming … from its
+    last.ckpt", then "no checkpoint under …: starting a new run", and trained it anew beside the cut folder."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=7",
              "--trainer.callbacks.only_in=seed1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
     command = ["multirun", "--seeds", "0-1", "--", *LIMIT, *QUIET, *probe]
+    monkeypatch.setenv("SLURM_JOB_ID", "101")
     with pytest.raises(SystemExit) as stop:
         main(command)
     assert stop.value.code == 143
+    assert "--ckpt_path last" not in capsys.readouterr().err  # the multirun's own line says how it goes on
     root = Path("runs/multirun/multirun")
     with (root / "results.csv").open() as f:
         assert {int(r["n"]) for r in csv.DictReader(f)} == {1}  # seed0, finished before the stop
-    (cut,) = root.glob("base/seed1/2*")
-    capsys.readouterr()
+    (cut,) = root.glob("base/seed1/*")
+    monkeypatch.setenv("SLURM_JOB_ID", "102")
+    monkeypatch.delenv("KILN_RUN_DIR", raising=False)
     main(command)
-    assert f"base/seed1: resuming the run a stop cut short ({cut}) from its last.ckpt" in capsys.readouterr().err
-    assert list(root.glob("base/seed1/2*")) == [cut]  # in its own folder, to the end
-    assert json.loads((cut / "metrics.json").read_text())["global_step"] == 10
+    err = capsys.readouterr().err
+    assert f"base/seed1: resuming the run a stop cut short ({cut}) from its last.ckpt" in err
+    assert f"resuming from {cut / 'checkpoints' / 'last.ckpt'}" in err and "no checkpoint under" not in err
+    assert list(root.glob("base/seed1/*")) == [cut] == [root / "base" / "seed1" / "job-101"]
+    assert json.loads((cut / "metrics.json").read_text())["global_step"] == 10  # in its own folder, to the end
     with (root / "results.csv").open() as f:
         assert {int(r["n"]) for r in csv.DictReader(f)} == {2}
+    monkeypatch.delenv("SLURM_JOB_ID")
+    main(["predict", "--ckpt_path", str(cut / "checkpoints" / "last.ckpt"), *QUIET])  # beside the run: it went
+    assert len(list(root.glob("base/seed1/predict-*/predictions.csv"))) == 1 and not Path("runs/base").exists()
 
 
 @pytest.mark.slow

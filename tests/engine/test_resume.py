@@ -357,7 +357,7 @@ def test_last_and_best_never_pick_a_debug_run_for_a_full_one(capsys: pytest.Capt
 def test_one_batch_per_epoch_is_part_of_the_data_and_all_of_them_is_not() -> None:
     """Lightning's ``limit_train_batches: 1`` is one batch, its ``1.0`` all of them: ``1 == 1.0`` made a one-batch
     run a run on all of the data, which `--ckpt_path last` of a full run would then resume."""
-    from kiln.runs.folders import partial_data
+    from kiln.runs.picking import partial_data
 
     assert partial_data({"limit_train_batches": 1}) == "limit_train_batches=1"
     assert partial_data({"limit_val_batches": 1}) == "limit_val_batches=1"

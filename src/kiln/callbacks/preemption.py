@@ -102,6 +102,7 @@ class PreemptionCheckpoint(Callback):
         self._before_batch = False  # saving at a batch's start: Lightning has fetched it, not begun it
         self._stopped = False  # this callback raised the stop (and saved, in fit): on_exception has nothing to add
         self._resumed_at_batch_start = False  # the checkpoint fit resumes from is such a save
+        self.hint = stop_signals.RESUME_HINT  # none in a run that a sweep or multirun resumes by itself
 
     def _save(self, trainer: Trainer, signal_name: str) -> None:
         owner = _last_checkpoint(trainer)
@@ -111,10 +112,7 @@ class PreemptionCheckpoint(Callback):
         )
 
     def _say_saved(self, trainer: Trainer, signal_name: str, where: str) -> None:
-        say(
-            f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}; "
-            "run the same command with `--ckpt_path last` to continue"
-        )
+        say(f"{signal_name}: stopped after step {trainer.global_step}{where}, saved {self.saved}{self.hint}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"at_batch_start": self._before_batch}  # true in the save a stop makes at a batch's start only

@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from kiln import console
 from kiln.callbacks.last import finished_training
 from kiln.callbacks.non_finite import NonFiniteGuard
+from kiln.callbacks.preemption import PreemptionCheckpoint
 from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class, is_a
@@ -66,16 +67,8 @@ from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values
 from kiln.runs import folders
-from kiln.runs.folders import (
-    Pick,
-    best_checkpoint,
-    latest_checkpoint,
-    layout,
-    nothing_to_run,
-    partial_data,
-    resolve_run_dir,
-    run_of,
-)
+from kiln.runs.folders import layout, resolve_run_dir, run_of
+from kiln.runs.picking import Pick, best_checkpoint, latest_checkpoint, nothing_to_run, own_run, partial_data
 from kiln.runs.provenance import write_environment
 from kiln.training.checkpointing import remove_stale_temporaries
 from kiln.training.testing import TestChoice, missing_for, read_metrics, summarize_untested, test_after_fit
@@ -282,6 +275,10 @@ class KilnCLI(LightningCLI):
             self.resume_dir = run_of(found) if found else None
         elif ckpt_path not in (None, "best", "hpc"):
             self._checkpoint = read_checkpoint(ckpt_path)  # a one-line CheckpointError naming the file
+            if subcommand == "fit" and (own := own_run(ckpt_path, config.run.root, config.run.name)) is not None:
+                self._refuse_finished(self._checkpoint, config, own)  # a run's last.ckpt: it goes on in its folder
+                print(f"resuming from {ckpt_path}", file=sys.stderr)
+                self.resume_dir = own
         if subcommand != "fit" and self._checkpoint is not None:
             self._rebuild_from_checkpoint(parser, subcommand, str(self.config[subcommand].ckpt_path), self._checkpoint)
 
@@ -335,7 +332,7 @@ class KilnCLI(LightningCLI):
         more = "--trainer.max_time" if "time limit" in why else "--trainer.max_epochs or --trainer.max_steps"
         raise AlreadyFinished(
             f"{run_dir} is complete ({why}{'; tested' if tested else ''}): nothing to do. "
-            f"Raise {more} to train on, or drop --ckpt_path last for a new run"
+            f"Raise {more} to train on, or drop --ckpt_path for a new run"
         )
 
     def _dump_config(self) -> None:
@@ -460,6 +457,9 @@ class KilnCLI(LightningCLI):
             raise
         stop_signals.reclaim()  # the Trainer's MPI detection may have taken SIGUSR1 over
         self.trainer.callbacks.extend(self.extra_callbacks)  # type: ignore[attr-defined]
+        for callback in self.trainer.callbacks if self.inside else ():  # type: ignore[attr-defined]
+            if isinstance(callback, PreemptionCheckpoint):  # the sweep or multirun says how it goes on
+                callback.hint = ""
         self.links.prune(self.model.hparams)
         if self.run_dir is not None:  # the ranks ddp_spawn starts: their lines in console.log too
             self.trainer.callbacks.append(SpawnedRanks(self.run_dir))  # type: ignore[attr-defined]

@@ -63,13 +63,19 @@ def net_without_init_only(net: Any) -> Any:
     return {**net, "init_args": {k: None if k in unused else v for k, v in net["init_args"].items()}}
 
 
-def _run_name(ckpt_path: Path) -> str | None:
-    """The experiment name in the run folder's ``config.yaml``: results go beside the run's own."""
+def _run_place(ckpt_path: Path) -> dict[str, str] | None:
+    """The experiment name in the run folder's ``config.yaml``, and the root its folder sits under: results go
+    beside the run's own (a multirun's seed folder, a moved run), not under the default root."""
+    run_dir = run_of(ckpt_path).resolve()
     try:
-        run = (load_yaml(layout(run_of(ckpt_path)).config.read_text()) or {}).get("run") or {}
+        name = ((load_yaml(layout(run_dir).config.read_text()) or {}).get("run") or {}).get("name")
     except (OSError, yaml.YAMLError, AttributeError):
         return None
-    return run.get("name")
+    if not name:
+        return None
+    parts = Path(name).parts
+    placed = run_dir.parent.parts[-len(parts) :] == parts
+    return {"name": name, "root": str(Path(*run_dir.parent.parts[: -len(parts)]))} if placed else {"name": name}
 
 
 def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | None:
@@ -87,8 +93,8 @@ def saved_config(checkpoint: dict[str, Any], ckpt_path: str | Path) -> str | Non
         drop_link_targets(config["model"]["init_args"])  # set again from the data
         if "net" in config["model"]["init_args"]:
             config["model"]["init_args"]["net"] = net_without_init_only(config["model"]["init_args"]["net"])
-    if config and (name := _run_name(Path(ckpt_path))):
-        config["run"] = {"name": name}
+    if config and (place := _run_place(Path(ckpt_path))):
+        config["run"] = place
     return dump_yaml(config) if config else None
 
 

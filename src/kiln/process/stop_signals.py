@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+RESUME_HINT = "; run the same command with `--ckpt_path last` to continue"  # a stopped run's line ends so
 _received: list[str] = []
 
 

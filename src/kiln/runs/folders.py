@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from kiln.errors import UsageError
-from kiln.files import load_yaml
 
 try:
     import fcntl
@@ -98,7 +97,7 @@ def first_missing(path: Path) -> Path | None:
 JOB_ID_ENV = "KILN_JOB_ID"  # the same on every node of a launch that has no job id of its own (Lightning's own)
 
 
-def _job_id() -> str | None:
+def job_id() -> str | None:
     """A cluster job id shared by all processes of one launch (SLURM, torchrun, else ``KILN_JOB_ID``), if any."""
     for var in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", JOB_ID_ENV):
         value = os.environ.get(var)
@@ -189,7 +188,7 @@ def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, pre
         this_run = resume
         record_status("running")
         return resume
-    job = _job_id()
+    job = job_id()
     if job is None and not _launcher():  # another node's first process: it cannot know rank 0's folder
         raise UsageError(
             "a multi-node launch without a job id: every node would pick a run folder of its own; give every "
@@ -276,108 +275,6 @@ def remove_failed_run() -> Path | None:
             break
         folder = folder.parent
     return created
-
-
-PARTIAL = ("fast_dev_run", "overfit_batches", "limit_train_batches", "limit_val_batches")
-
-
-def partial_data(trainer: Any) -> str | None:
-    """The Trainer setting with which a run trains or validates on part of the data (the debug presets,
-    ``--trainer.limit_train_batches``), as ``key=value``; ``None`` for a run on all of it."""
-    get = trainer.get if hasattr(trainer, "get") else lambda key, default=None: default
-    for key in PARTIAL:
-        value = get(key, None)
-        if key in ("fast_dev_run", "overfit_batches"):
-            full = value in (None, False, 0, 0.0)
-        else:  # Lightning's 1.0 is all of the batches, its 1 (== 1.0 in Python) one batch
-            full = value is None or (isinstance(value, float) and value == 1.0)
-        if not full:
-            return f"{key}={value}"
-    return None
-
-
-LIMITS = {"fit": ("max_epochs", "max_steps", "limit_train_batches"), "validate": ("limit_val_batches",),
-          "test": ("limit_test_batches",), "predict": ("limit_predict_batches",)}  # fmt: skip
-
-
-def nothing_to_run(subcommand: str | None, trainer: Any) -> str | None:
-    """The Trainer setting with which the command would run no batch (``fit``: train nothing, then test an
-    untrained network), if any."""
-    for key in LIMITS.get(subcommand or "", ()):
-        if trainer.get(key, None) in (0, 0.0):
-            return f"trainer.{key} {trainer.get(key)}"
-    return None
-
-
-def run_partial_data(run_dir: Path) -> str | None:
-    """:func:`partial_data` of the run in ``run_dir``, from its ``config.yaml`` (``None`` without one)."""
-    import yaml
-
-    config = layout(run_dir).config
-    try:
-        trainer = (load_yaml(config.read_text()) or {}).get("trainer") if config.is_file() else None
-    except (OSError, yaml.YAMLError):
-        return None
-    return partial_data(trainer) if isinstance(trainer, dict) else None
-
-
-class Pick:
-    """Which runs ``--ckpt_path last|best`` may take for a command: a run on part of the data (a debug
-    preset) is never taken for a run on all of it; a ``fit`` resumes only a run of its own kind."""
-
-    def __init__(self, command_partial: str | None, fit: bool) -> None:
-        self.command_partial, self.fit = command_partial, fit
-        self.left_out: list[tuple[Path, str]] = []  # newer runs passed over, with why
-
-    def accepts(self, run_dir: Path) -> bool:
-        partial = run_partial_data(run_dir)
-        taken = (partial is None) == (self.command_partial is None) if self.fit else (
-            partial is None or self.command_partial is not None)  # fmt: skip
-        if not taken:
-            self.left_out.append((run_dir, partial or "all of the data"))
-        return taken
-
-    def note(self, option: str) -> str | None:
-        """One line on the newer runs left out, if any."""
-        if not self.left_out:
-            return None
-        runs = ", ".join(f"{run.name} ({why})" for run, why in self.left_out[:3])
-        kind = "on part of the data" if self.command_partial is None else "on all of the data"
-        more = f" and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
-        return f"{option}: left out {len(self.left_out)} newer run(s) {kind}: {runs}{more}"
-
-
-def latest_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
-    """The newest ``last.ckpt`` (or SLURM ``hpc_ckpt_*.ckpt``) of experiment ``name`` (of a run ``pick`` takes).
-
-    Under a cluster job id only that job's own folder counts (a requeue keeps its id), so a second
-    job with other settings never continues the first one's run.
-    """
-    runs = Path(root).resolve() / name
-    job = _job_id()
-    pattern = f"{job or '*'}/{RunLayout.CHECKPOINTS}"
-    found = [*runs.glob(f"{pattern}/{RunLayout.LAST}"), *runs.glob(f"{pattern}/hpc_ckpt_*.ckpt")]
-    for checkpoint in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
-        if pick is None or pick.accepts(run_of(checkpoint)):
-            return checkpoint
-    return None
-
-
-def best_checkpoint(root: str | Path, name: str, pick: Pick | None = None) -> Path | None:
-    """The best checkpoint of experiment ``name``'s newest run (that ``pick`` takes), as its ``ModelCheckpoint``
-    recorded it: the file of that name in the run's own folder, so a moved or copied run finds its own."""
-    from kiln.training.checkpointing import load_checkpoint_file
-
-    last = latest_checkpoint(root, name, pick)
-    if last is None:
-        return None
-    states = load_checkpoint_file(last, mmap=True).get("callbacks", {})
-    for key, state in states.items():
-        best = state.get("best_model_path") if key.startswith("ModelCheckpoint") else None
-        for candidate in (last.parent / Path(best).name, Path(best)) if best else ():
-            if candidate.is_file():
-                return candidate
-    return None
 
 
 def wandb_run_id(run_dir: Path) -> str | None:

@@ -115,7 +115,7 @@ def _relay(child: subprocess.Popen) -> str:
     error = crash = ""
     in_traceback = False
     for line in child.stderr:
-        sys.stderr.write(line)
+        sys.stderr.write(line.replace(stop_signals.RESUME_HINT, ""))  # the sweep or multirun says how it goes on
         if line.startswith("error: "):
             error = line.strip().removeprefix("error: ")
         in_traceback = in_traceback or line.startswith("Traceback (most recent call last)")

@@ -38,7 +38,7 @@ from kiln.commands.sweep.inprocess import (
 )
 from kiln.commands.sweep.space import flags
 from kiln.errors import KilnError, NeedsOwnProcess, UsageError
-from kiln.files import load_yaml, written_whole
+from kiln.files import broken_archives, load_yaml, written_whole
 from kiln.process import stop_signals
 from kiln.runs import folders
 from kiln.runs.metrics import run_metrics
@@ -236,6 +236,9 @@ def _one_run(
     done, other = finished(root / name, tested, config)
     if done is not None:
         print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
+        if broken := broken_archives(folders.layout(done).checkpoints):
+            print(f"{name}: its checkpoints {', '.join(broken)} no longer load (truncated or overwritten): its "
+                  f"numbers stand, its weights are lost; delete {done} to train it again", file=sys.stderr)  # fmt: skip
         return done
     cut = stopped(root / name, config)
     if cut is not None:  # a stop cut it short: it goes on from its last.ckpt, in its own folder
@@ -244,7 +247,7 @@ def _one_run(
         print(f"{name}: trained before with other settings ({other}): training again", file=sys.stderr)
     before = set((root / name).glob("*"))
     quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
-    resume = ["--ckpt_path=last"] if cut is not None else []
+    resume = [f"--ckpt_path={folders.layout(cut).last}"] if cut is not None else []  # any job's: a cancelled task's
     try:
         args = [*run, *quiet, *resume]
         fit_process(args, runs_under=root / name) if own_process else fit(args, inside="kiln multirun")
