@@ -78,7 +78,17 @@ CONF
         sleep 0.5
       done
     fi
-    pkill -f "$dir/" 2> /dev/null || true  # a job script still there
+    # what its jobs left (a cancelled job's orphans outlive SLURM's kill): the processes that carry this cluster's
+    # SLURM_CONF, as its daemons and its jobs do; never another's, nor this script or what called it
+    keep=" $$ " p=$$
+    while p=$(ps -o ppid= -p "$p" | tr -d ' ') && [ "${p:-1}" -gt 1 ]; do keep="$keep$p "; done
+    for env in /proc/[0-9]*/environ; do
+      pid=${env#/proc/} && pid=${pid%/environ}
+      case "$keep" in *" $pid "*) continue ;; esac
+      if { tr '\0' '\n' < "$env"; } 2> /dev/null | grep -qxF "SLURM_CONF=$dir/slurm.conf"; then
+        kill -KILL "$pid" 2> /dev/null || true  # scancel asked them to end already
+      fi
+    done
     for pid in slurmd.pid slurmctld.pid munge/pid; do
       [ -f "$dir/$pid" ] && kill "$(cat "$dir/$pid")" 2> /dev/null || true
     done

@@ -209,6 +209,45 @@ def test_sweep_sbatch_array_tasks_share_one_study_on_a_real_slurm_and_run_each_t
     assert sorted(ran) == ["trial-0000", "trial-0001", "trial-0002"]  # each by one task
 
 
+def test_slurm_tells_a_sweep_which_array_task_lives_and_stopping_the_engine_ends_its_jobs_alone(
+    slurm_conf: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scancelled task's trial stayed "alive" for its heartbeat's 10 minutes: a resubmitted task had nothing to
+    run, then started it over. SLURM knows at once: a running task lives whatever its heartbeat, a cancelled
+    one is dead however fresh its heartbeat. Then `scripts/engines/slurm.sh stop`: it ended processes by
+    ``pkill -f <folder>/`` (another user's ``tail`` of a log there) and left a cancelled job's orphans running."""
+    from kiln.commands.sweep.study import alive
+
+    monkeypatch.setenv("SLURM_CONF", slurm_conf)
+    array = subprocess.run(["sbatch", "--parsable", "--array=0-1", "--output=/dev/null", "--wrap", "sleep 300"],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    for _ in range(60):  # both tasks running
+        states = subprocess.run(["squeue", "-h", "-j", array, "-o", "%T"], capture_output=True, text=True).stdout
+        if states.split() == ["RUNNING", "RUNNING"]:
+            break
+        time.sleep(0.5)
+    assert alive(f"slurm:{array}_1", heartbeat=time.time() - 3600, stale_after=60)  # SLURM runs it
+    subprocess.run(["scancel", f"{array}_1"], check=True)
+    assert not alive(f"slurm:{array}_1", heartbeat=time.time(), stale_after=60)  # cancelled: dead at once
+    assert alive(f"slurm:{array}_0", heartbeat=time.time() - 3600, stale_after=60)
+    folder = str(Path(slurm_conf).parent)
+    bystander = subprocess.Popen(["tail", "-f", f"{folder}/slurmd.log"], stdout=subprocess.DEVNULL,
+                                 env={"PATH": os.environ["PATH"]})  # fmt: skip
+    subprocess.run([str(SCRIPTS / "engines" / "slurm.sh"), "stop", folder], check=True, timeout=120)
+    assert bystander.poll() is None  # not this cluster's: alive
+    bystander.kill()
+    bystander.wait()
+    left = [p for p in Path("/proc").glob("[0-9]*") if f"SLURM_CONF={slurm_conf}".encode() in _environ(p)]
+    assert left == [] and not Path(folder).exists()
+
+
+def _environ(process: Path) -> bytes:
+    try:
+        return (process / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_second_node_without_a_job_id_stops_in_one_line_before_making_a_folder(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -6,7 +6,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -522,24 +525,68 @@ def test_a_disk_that_fills_between_trials_stops_the_sweep_in_one_line(
 
 
 @pytest.mark.slow
-def test_a_trial_whose_host_died_is_resumed_and_one_whose_heartbeat_goes_on_is_left_alone(tmp_path: Path) -> None:
-    """A worker killed on another host left its trial RUNNING for good, holding one of n_trials."""
+def test_a_driver_with_nothing_to_start_waits_while_another_hosts_trial_beats_and_resumes_it_once_it_stops(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A worker killed on another host left its trial RUNNING: the other drivers exited, and only one started
+    more than 600 s later (a hard-coded limit) took it over."""
     import optuna
 
     spec = sweep_file(tmp_path, n_trials=1)
-    command = ["sweep", "-c", str(spec), "--root", str(tmp_path / "runs" / "sweeps")]
+    command = ["sweep", "-c", str(spec), "--root", str(tmp_path / "runs" / "sweeps"), "--stale_after", "2"]
     main([*command, "--report"])  # creates the study, runs nothing
-    held = study(tmp_path)
-    trial = held.ask()  # a driver on another host drew it, then went on beating, or died
+    trial = study(tmp_path).ask()  # a driver on another host drew it, beats for 4 s, then dies
     trial.set_user_attr("owner", "elsewhere-host:4242")
-    trial.set_user_attr("heartbeat", time.time())
+    trial.set_user_attr("stale_after", 2.0)
+    last_beat: list[float] = []
+
+    def beat() -> None:
+        for _ in range(10):
+            with contextlib.suppress(Exception):  # SQLite busy: the next beat
+                trial.set_user_attr("heartbeat", time.time())
+                last_beat.append(time.time())
+            time.sleep(0.4)
+
+    beating = threading.Thread(target=beat)
+    beating.start()
     main(command)
-    assert states(study(tmp_path)) == ["RUNNING"]  # alive elsewhere: counted, not taken over
-    trial.set_user_attr("heartbeat", time.time() - 3600)  # its host died an hour ago
-    main(command)
+    beating.join()
+    err = capsys.readouterr().err
+    assert "tiny: waiting for trial-0000, which other drivers run" in err and "trial-0000: resuming (its driver" in err
     (resumed,) = study(tmp_path).get_trials()
-    assert resumed.state == optuna.trial.TrialState.COMPLETE and resumed.user_attrs["heartbeat"] > time.time() - 60
-    assert (tmp_path / "runs" / "sweeps" / "tiny" / "trial-0000").is_dir()  # in its own folder
+    assert resumed.state == optuna.trial.TrialState.COMPLETE and resumed.user_attrs["owner"] != "elsewhere-host:4242"
+    (run,) = (tmp_path / "runs" / "sweeps" / "tiny" / "trial-0000").iterdir()  # in its own folder
+    started = datetime.strptime(run.name, "%Y-%m-%d_%H-%M-%S").timestamp()
+    assert started >= last_beat[-1] + 2 - 1  # not while it beat: its heartbeat 2 s old (a folder's whole seconds)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_taken_over_by_a_live_one_before_it_exits(tmp_path: Path) -> None:
+    """Two workers of one study as two SLURM array tasks (the heartbeat alone tells liveness: no controller
+    answers), one killed with SIGKILL at step 7: the other finished its own trial, exited 0 and left the dead
+    one's RUNNING for a driver started 600 s later. Now it resumes it from its last.ckpt and ends with both."""
+    path = sweep_file(tmp_path, n_trials=2)
+    spec = yaml.safe_load(path.read_text())
+    spec["args"] += ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=7",
+                     "--trainer.callbacks.name=SIGKILL", "--trainer.callbacks.only_in=trial-0000",
+                     f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    path.write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(path), "--root", "runs/sweeps", "--stale_after", "3"]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES, "SLURM_ARRAY_JOB_ID": "9"}
+
+    def worker(task: int) -> subprocess.CompletedProcess[str]:
+        return forkserver.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                              env={**env, "SLURM_ARRAY_TASK_ID": str(task)})  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:
+        workers = list(pool.map(worker, (0, 1)))
+    codes = sorted(w.returncode for w in workers)
+    assert codes == [-9, 0], workers[0].stderr[-2000:] + workers[1].stderr[-2000:]
+    (live,) = [w.stderr for w in workers if w.returncode == 0]
+    assert "trial-0000: resuming (its driver is gone)" in live
+    assert f"resuming from {tmp_path}/runs/sweeps/tiny/trial-0000/" in live
+    assert states(study(tmp_path)) == ["COMPLETE", "COMPLETE"]
+    assert len(list((tmp_path / "runs" / "sweeps" / "tiny" / "trial-0000").iterdir())) == 1  # resumed in place
 
 
 def test_a_sweep_of_fast_dev_run_trials_says_why_it_writes_no_best_yaml(

@@ -29,11 +29,11 @@ from kiln.commands.sweep.inprocess import (
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
-from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, storage_for
+from kiln.commands.sweep.study import HEARTBEAT, OWNER, beating, claim, open_study, orphans, others_running, storage_for
 from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
 from kiln.files import dump_yaml
 from kiln.process import stop_signals
-from kiln.runs import folders
+from kiln.runs import folders, picking
 
 
 def _best(values: dict[int, float], direction: str) -> float | None:
@@ -65,11 +65,11 @@ def run_trial(
     trial.set_user_attr("run", str(sweep_dir / name))
     args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
             "--run.test_after_fit=false", "--run.summary=false",  # the sweep prints a line per trial, and its table
-            *(["--ckpt_path=last"] if resume else [])]  # fmt: skip
+            *([f"--ckpt_path={last}"] if resume and (last := _cut_short(sweep_dir / name)) else [])]  # fmt: skip
     os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
     started = time.monotonic()
     try:
-        with beating(trial):
+        with beating(trial, sweep.stale_after):
             if subprocess_trials:  # its reporter reopens the trial (reporting.TRIAL_ENV)
                 reporter = ["--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
                             f"--trainer.callbacks.metric={sweep.metric}"]  # fmt: skip
@@ -107,6 +107,14 @@ def run_trial(
     study.tell(trial, best)
     print(f"{name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
     return "COMPLETE"
+
+
+def _cut_short(runs: Path) -> Path | None:
+    """The training state a resumed trial goes on from: its newest, whichever array task or host wrote it."""
+    latest = picking.latest_checkpoint(runs.parent, runs.name, any_job=True)
+    if latest is None:
+        print(f"{runs.name}: no checkpoint yet: it starts over", file=sys.stderr)
+    return latest
 
 
 def _tell_run(runs: Path, line: str) -> None:
@@ -185,6 +193,22 @@ def resume_orphans(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | Non
         stop_signals.stop_here(BETWEEN)
 
 
+def wait_for_others(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | None, subprocess_trials: bool) -> None:
+    """Stay while other drivers run trials, resuming any whose driver dies: a worker that exited as soon as it had
+    nothing to start left a dead worker's trial RUNNING, for a driver started much later."""
+    poll = min(HEARTBEAT, sweep.stale_after / 5)
+    if running := others_running(study):
+        names = ", ".join(trial_name(t) for t in running)
+        print(f"{sweep.name}: waiting for {names}, which other drivers run: one whose driver dies is resumed here "
+              f"({sweep.stale_after:g} s after its last heartbeat)", file=sys.stderr)  # fmt: skip
+    while others_running(study):
+        until = time.monotonic() + poll
+        while time.monotonic() < until:  # a stop signal ends the wait within a second
+            stop_signals.stop_here(f"{BETWEEN} (it was waiting for other drivers' trials)")
+            time.sleep(min(1.0, poll))
+        resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)
+
+
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
     """Run trials until the study holds ``n_trials`` complete, pruned or running ones, resuming orphaned ones
     first; failed trials do not count, up to ``n_trials`` of them in one run of the command."""
@@ -199,9 +223,8 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
         for values in sweep.enqueue:  # first, the settings the sweep file names
             study.enqueue_trial(values)
     if _counted(study) >= sweep.n_trials:
-        print(f"{sweep.name}: the study holds its {sweep.n_trials} trials (complete, pruned or running): nothing to "
-              "run; give --n_trials or n_trials more to run more", file=sys.stderr)  # fmt: skip
-        return study
+        print(f"{sweep.name}: the study holds its {sweep.n_trials} trials (complete, pruned or running): none to "
+              "start; give --n_trials or n_trials more to run more", file=sys.stderr)  # fmt: skip
     states: list[str] = []
     while _counted(study) < sweep.n_trials and states.count("FAIL") < sweep.n_trials:
         stop_signals.stop_here(BETWEEN)
@@ -212,6 +235,7 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
             break
         states.append(run_trial(study, trial, sweep, sweep_dir, storage=storage, subprocess_trials=subprocess_trials))
         resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)  # a worker died meanwhile, anywhere
+    wait_for_others(study, sweep, sweep_dir, storage, subprocess_trials)
     if states and states.count("FAIL") == len(states):
         report(study, sweep, sweep_dir)
         raise KilnError(f"sweep {sweep.name}: every trial this run started failed ({len(states)}); each one's line "
@@ -235,9 +259,14 @@ def sweep_command(args: list[str]) -> None:
     )
     parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
     parser.add_argument("--n_trials", type=int, help="trials the study should hold, instead of the file's n_trials")
+    parser.add_argument("--stale_after", type=float, default=300.0, help="seconds without a heartbeat after which "
+                        "another driver's trial is taken for dead and resumed here (default 300)")  # fmt: skip
     options, extra = parse_command(parser, args)
     sweep = read_sweep(options.config)
     sweep.args += extra
+    if options.stale_after <= 0:
+        raise UsageError(f"kiln sweep: --stale_after {options.stale_after:g}: give a number of seconds above 0")
+    sweep.stale_after = options.stale_after
     if options.n_trials is not None:
         if options.n_trials < 1:
             raise UsageError(f"kiln sweep: --n_trials {options.n_trials}: give 1 or more")

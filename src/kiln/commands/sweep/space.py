@@ -63,6 +63,7 @@ class Sweep:
     enqueue: list[dict[str, Any]] = field(default_factory=list)  # values to try first (known-good settings)
     space: list[Param] = field(default_factory=list)
     file: str = ""  # where it was read from (a trial in its own process reads it again)
+    stale_after: float = 300.0  # --stale_after: a trial whose heartbeat is older is taken for dead (its worker)
 
 
 def _param(where: str, key: str, raw: Any) -> Param:

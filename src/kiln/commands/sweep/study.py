@@ -129,35 +129,69 @@ def open_study(sweep: Sweep, storage: Any) -> Any:
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-HEARTBEAT = 60  # seconds between a running trial's heartbeats (its driver writes them)
-STALE = 600  # a trial of another host whose heartbeat is older than this is taken for dead (clocks may differ)
+HEARTBEAT = 60  # at most, seconds between a running trial's heartbeats (its driver writes them)
+STALE = 600  # a trial of a driver from before `stale_after` was recorded: its heartbeat is this old, it is dead
+LIVE_JOB = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "SUSPENDED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "RESV_DEL_HOLD",
+}  # not COMPLETING: its processes are being ended
 
 
-def alive(owner: str, heartbeat: float | None = None) -> bool:
-    """Whether a RUNNING trial's driver still runs: this host asks the process; another host's trial is alive
-    while its heartbeat is recent (or when it has none: a driver from before heartbeats)."""
+def slurm_job_alive(owner: str) -> bool | None:
+    """Whether SLURM still runs (or will requeue) the array task ``slurm:<job>_<task>``; ``None`` where
+    ``squeue`` cannot tell (none here, no controller): the heartbeat decides."""
+    import subprocess
+
+    job = owner.removeprefix("slurm:").rstrip("_")
+    try:
+        asked = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if asked.returncode != 0:  # a job SLURM has forgotten (ended minutes ago) is an invalid id
+        return False if "invalid job id" in asked.stderr.lower() else None
+    return bool(LIVE_JOB & set(asked.stdout.split()))
+
+
+def alive(owner: str, heartbeat: float | None = None, stale_after: float = STALE) -> bool:
+    """Whether a RUNNING trial's driver still runs: this host asks the process, SLURM its job; another host's
+    trial is alive while its heartbeat is younger than ``stale_after`` (or when it has none: a driver from
+    before heartbeats)."""
     if owner.startswith("slurm:"):
         if owner == OWNER:
             return False  # our own task's earlier run (requeued): gone
+        if (job := slurm_job_alive(owner)) is not None:
+            return job
     else:
         host, _, pid = owner.rpartition(":")
         if host == socket.gethostname():
             return not pid.isdigit() or running(int(pid))
-    return heartbeat is None or time.time() - heartbeat < STALE
+    return heartbeat is None or time.time() - heartbeat < stale_after
 
 
 @contextmanager
-def beating(trial: Any) -> Iterator[None]:
-    """Write the trial's heartbeat (a user attribute, in every Optuna storage) every ``HEARTBEAT`` seconds while
-    it runs: a driver on another host takes a trial whose heartbeat stopped for dead, and resumes it. Optuna's own
-    heartbeat is for database storages only, and fails a stale trial (its retry starts over from scratch)."""
+def beating(trial: Any, stale_after: float) -> Iterator[None]:
+    """Write the trial's heartbeat (a user attribute, in every Optuna storage) five times in ``stale_after``
+    while it runs, with ``stale_after`` itself: a driver elsewhere takes a trial whose heartbeat stopped that
+    long ago for dead, and resumes it. Optuna's own heartbeat is for database storages only, and fails a stale
+    trial (its retry starts over from scratch)."""
     stop = threading.Event()
+    trial.set_user_attr("stale_after", stale_after)
 
     def beat() -> None:
         while True:
             with contextlib.suppress(Exception):  # a storage hiccup: the next beat tries again
                 trial.set_user_attr("heartbeat", time.time())
-            if stop.wait(HEARTBEAT):
+            if stop.wait(min(HEARTBEAT, stale_after / 5)):
                 return
 
     thread = threading.Thread(target=beat, name="kiln-sweep-heartbeat", daemon=True)
@@ -184,8 +218,19 @@ def orphans(study: Any) -> list[Any]:
     to resume."""
     from optuna.trial import TrialState
 
+    def dead(attrs: dict[str, Any]) -> bool:
+        return not alive(attrs.get("owner", ""), attrs.get("heartbeat"), attrs.get("stale_after", STALE))
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if dead(t.user_attrs)]
+
+
+def others_running(study: Any) -> list[Any]:
+    """The trials other drivers run now (or ran, until one here takes them for dead); a driver from before
+    heartbeats is left out: nothing would ever tell its death."""
+    from optuna.trial import TrialState
+
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return [t for t in running if not alive(t.user_attrs.get("owner", ""), t.user_attrs.get("heartbeat"))]
+    return [t for t in running if t.user_attrs.get("owner") != OWNER and "heartbeat" in t.user_attrs]
 
 
 def reopen_trial(spec: str) -> Any:
