@@ -75,7 +75,7 @@ def test_every_command_serves_the_example(example: str, tmp_path: Path) -> None:
     main(["test", "--ckpt_path", str(checkpoint), *SHORT[-2:]])  # the default logger (W&B, disabled in tests):
     # its table of confident mistakes is for class data, and steps aside for the others
     main(["predict", "--ckpt_path", str(checkpoint), *SHORT[-3:], "--trainer.limit_predict_batches=1"])
-    with newest(tmp_path / "runs", f"{experiment}/predict-*/predictions.csv").open() as f:
+    with newest(stopped, f"{experiment}/predict-*/predictions.csv").open() as f:  # beside the run
         table = list(csv.reader(f))
     assert table[0][: len(columns)] == columns and len(table) > 1
 

@@ -83,7 +83,7 @@ def test_last_ckpt_is_always_the_newest_state_never_versioned_and_a_finished_rer
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"{checkpoints.parent} is complete (training finished at epoch 3, step 15): nothing to do. "
-        "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path last for a new run"
+        "Raise --trainer.max_epochs or --trainer.max_steps to train on, or drop --ckpt_path for a new run"
     ]
     assert (checkpoints / "last.ckpt").stat().st_mtime_ns == before
 

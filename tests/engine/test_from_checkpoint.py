@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -200,3 +201,23 @@ def test_a_checkpoint_saved_before_the_move_still_tests_and_a_config_names_the_n
         main(["fit", "-c", str(tmp_path / "old.yaml"), *QUIET])
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert line.endswith("no class kiln.models.Classifier; it moved to research.models.Classifier: write that")
+
+
+@pytest.mark.slow
+def test_every_command_that_takes_a_checkpoint_finds_the_same_one_by_each_reference(tmp_path: Path) -> None:
+    """One resolver (kiln.runs.reference) for best, last and a file, under a run.root of the user's: `kiln export`
+    resolved on its own (`runs` hard-coded, best and last refused), beside the engine's three branches."""
+    where = ["--run.root", str(tmp_path / "elsewhere"), "--run.name", "narrow"]
+    fit = build_cli(["fit", *LIMIT, *QUIET, *where, f"{WIDTH}=16", "--run.test_after_fit=false"])
+    run = Path(fit.trainer.default_root_dir)
+    best = Path(fit.trainer.checkpoint_callback.best_model_path)  # type: ignore[union-attr]
+    last = run / "checkpoints" / "last.ckpt"
+    for given, expected in {"best": best, "last": last, str(best): best}.items():  # a file: its own
+        validate = build_cli(["validate", "--ckpt_path", given, *LIMIT, *QUIET, *where])
+        assert Path(validate.config.validate.ckpt_path).resolve() == expected.resolve(), given
+        assert validate.model.net.features[0].out_channels == 16  # the run's own config, not the default's
+    onnx = ["--format", "onnx", "--samples", "8", "--batch_sizes", "1"]
+    main(["export", "--ckpt_path", "last", *LIMIT, *where, *onnx, "--output", str(tmp_path / "served")])
+    assert Path(json.loads((tmp_path / "served" / "parity.json").read_text())["checkpoint"]) == last.resolve()
+    main(["export", "--ckpt_path", "best", *LIMIT, *where, *onnx])  # beside the run, whatever its root
+    assert Path(json.loads((run / "export" / "parity.json").read_text())["checkpoint"]) == best.resolve()

@@ -67,9 +67,10 @@ from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values
 from kiln.runs import folders
-from kiln.runs.folders import layout, resolve_run_dir, run_of
-from kiln.runs.picking import Pick, best_checkpoint, latest_checkpoint, nothing_to_run, own_run, partial_data
+from kiln.runs.folders import layout, resolve_run_dir
+from kiln.runs.picking import Pick, nothing_to_run, partial_data
 from kiln.runs.provenance import write_environment
+from kiln.runs.reference import PASSED_ON, resolve
 from kiln.training.checkpointing import remove_stale_temporaries
 from kiln.training.testing import TestChoice, missing_for, read_metrics, summarize_untested, test_after_fit
 from kiln.wandb import checkpoints as wandb_checkpoints
@@ -232,7 +233,7 @@ class KilnCLI(LightningCLI):
         return subcommands_for(self._named)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
-        """Resolve ``--ckpt_path last`` across run folders, and refuse unreadable checkpoints up front."""
+        """Resolve ``--ckpt_path`` (``kiln.runs.reference``), and refuse unreadable or finished checkpoints up front."""
         self._given = self._parsed = command_line(args)
         check_config_files(self._given)
         if (named := _evaluated_file(self._given)) is not None:  # validate/test/predict --ckpt_path <file>:
@@ -245,40 +246,18 @@ class KilnCLI(LightningCLI):
         subcommand = self.config.subcommand
         config = self.config[subcommand]
         ckpt_path = config.get("ckpt_path")
+        if ckpt_path in PASSED_ON or (ckpt_path == "best" and subcommand == "fit"):
+            return
         pick = Pick(partial_data(config.trainer), fit=subcommand == "fit")  # never a debug run for a real one
-        if ckpt_path == "best" and subcommand != "fit":  # the newest run's best checkpoint, by its ModelCheckpoint
-            best = best_checkpoint(config.run.root, config.run.name, pick)
-            if note := pick.note("--ckpt_path best"):
-                print(note, file=sys.stderr)
-            if best is None:
-                where = Path(config.run.root).resolve() / config.run.name
-                raise UsageError(f"--ckpt_path best: no run under {where} recorded a best checkpoint; name the file")
-            print(f"--ckpt_path best: {best}", file=sys.stderr)
-            ckpt_path = config.ckpt_path = str(best)
-        if wandb_checkpoints.names_a_version(ckpt_path):
-            ckpt_path = config.ckpt_path = str(wandb_checkpoints.resolve(ckpt_path, config.run.root))
-        if ckpt_path == "last":
-            found = latest_checkpoint(config.run.root, config.run.name, pick)
-            if note := pick.note("--ckpt_path last"):
-                print(note, file=sys.stderr)
-            if found is None:
-                where = Path(config.run.root).resolve() / config.run.name
-                if subcommand != "fit":
-                    raise UsageError(f"--ckpt_path last: no checkpoint under {where}; name the file, or train first")
-                print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
-            else:
-                self._checkpoint = read_checkpoint(found)  # a one-line CheckpointError naming the file
-                if subcommand == "fit":
-                    self._refuse_finished(self._checkpoint, config, run_of(found))
-                print(f"resuming from {found}", file=sys.stderr)
-            config.ckpt_path = str(found) if found else None
-            self.resume_dir = run_of(found) if found else None
-        elif ckpt_path not in (None, "best", "hpc"):
-            self._checkpoint = read_checkpoint(ckpt_path)  # a one-line CheckpointError naming the file
-            if subcommand == "fit" and (own := own_run(ckpt_path, config.run.root, config.run.name)) is not None:
-                self._refuse_finished(self._checkpoint, config, own)  # a run's last.ckpt: it goes on in its folder
-                print(f"resuming from {ckpt_path}", file=sys.stderr)
-                self.resume_dir = own
+        found = resolve(ckpt_path, config.run.root, config.run.name, subcommand, pick)
+        config.ckpt_path = str(found.path) if found.path else None
+        if found.path is not None and self._checkpoint is None:
+            self._checkpoint = read_checkpoint(found.path)  # a one-line CheckpointError naming the file
+        if found.run_dir is not None and subcommand == "fit" and self._checkpoint is not None:
+            self._refuse_finished(self._checkpoint, config, found.run_dir)
+        if found.run_dir is not None:  # it goes on in that run's folder
+            print(f"resuming from {found.path}", file=sys.stderr)
+        self.resume_dir = found.run_dir
         if subcommand != "fit" and self._checkpoint is not None:
             self._rebuild_from_checkpoint(parser, subcommand, str(self.config[subcommand].ckpt_path), self._checkpoint)
 

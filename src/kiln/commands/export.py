@@ -25,10 +25,13 @@ from torch import Tensor, nn
 
 from kiln.cli.from_checkpoint import rebuild
 from kiln.commands.arguments import OneLineParser
-from kiln.commands.sweep.inprocess import parse_command
+from kiln.commands.sweep.inprocess import parse_command, resolved_config
 from kiln.errors import KilnError, UsageError
-from kiln.files import folder_written_whole
+from kiln.files import folder_written_whole, load_yaml
 from kiln.process import stop_signals
+from kiln.runs.folders import layout, run_of
+from kiln.runs.picking import Pick, partial_data
+from kiln.runs.reference import Reference, resolve
 from kiln.training.contracts import classes, sample_shape, statistics
 from kiln.wandb import checkpoints as wandb_checkpoints
 
@@ -215,14 +218,32 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
     return report
 
 
+def _checkpoint(given: str, files: list[str], root: str | None, name: str | None) -> Reference:
+    """``--ckpt_path`` through the one resolver every command uses; ``best``, ``last`` and ``wandb:`` under the
+    run.root and run.name that ``kiln fit`` resolves from the same ``-c`` files and flags (a run on part of the
+    data is taken only with a ``-c`` that trains on part of it, as ``kiln test`` takes it)."""
+    if not (given in ("best", "last") or wandb_checkpoints.names_a_version(given)):
+        return resolve(given, ".", "", "export", Pick(None, fit=False))
+    flags = [*(f for file in files for f in ("-c", file)), *(["--run.root", root] if root else []),
+             *(["--run.name", name] if name else [])]  # fmt: skip
+    config = load_yaml(resolved_config(flags)) or {}
+    pick = Pick(partial_data(config.get("trainer") or {}), fit=False)  # a debug run's, for a debug -c only
+    return resolve(given, config["run"]["root"], config["run"]["name"], "export", pick)
+
+
 def export_command(args: list[str]) -> None:
-    """``kiln export --ckpt_path FILE [--format onnx,pt2] [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
+    """``kiln export --ckpt_path FILE|best|last|wandb:… [-c FILE] [--run.root R] [--run.name N] [--format onnx,pt2]
+    [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
     parser = OneLineParser(prog="kiln export", description="Export a trained model for serving.")
     parser.add_argument(
         "--ckpt_path",
         required=True,
-        help="a checkpoint `kiln fit` wrote, or wandb:<entity>/<project>/<artifact>:<alias>",
+        help="a checkpoint `kiln fit` wrote, best, last, or wandb:<entity>/<project>/<artifact>:<alias>",
     )
+    parser.add_argument("-c", "--config", action="append", default=[], help="for best and last: the experiment's "
+                        "config files, as `kiln fit -c` takes them (their run.root and run.name)")  # fmt: skip
+    parser.add_argument("--run.root", dest="root", help="for best and last: run.root, as kiln fit takes it")
+    parser.add_argument("--run.name", dest="name", help="for best and last: run.name, as kiln fit takes it")
     parser.add_argument("--format", default="onnx,pt2", help="onnx, pt2 or both (comma-separated)")
     parser.add_argument("--output", type=Path, help="default: export/ in the checkpoint's run folder")
     parser.add_argument("--batch_sizes", default="1,64", help="batch sizes the parity check runs")
@@ -240,13 +261,13 @@ def export_command(args: list[str]) -> None:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
-    version = options.ckpt_path if wandb_checkpoints.names_a_version(options.ckpt_path) else None
-    ckpt_path = str(wandb_checkpoints.resolve(version, "runs")) if version else options.ckpt_path
-    folder = Path(ckpt_path).resolve().parent  # a run's checkpoints/, or a downloaded W&B version's folder
-    output = options.output or (folder.parent if folder.name == "checkpoints" else folder) / "export"
+    found = _checkpoint(options.ckpt_path, options.config, options.root, options.name)
+    assert found.path is not None  # only `fit --ckpt_path last` finds none and goes on
+    run = run_of(found.path)  # a run's own folder has its config.yaml; else the file's (a downloaded W&B version)
+    output = options.output or (run if layout(run).config.is_file() else found.path.parent) / "export"
     if output.exists():
         raise UsageError(f"kiln export: {output} exists; remove it or give another --output")
-    report = export(ckpt_path, output, formats, sizes, options.tolerance, options.samples, version)
+    report = export(str(found.path), output, formats, sizes, options.tolerance, options.samples, found.version)
     for fmt in formats:
         for size, r in report[fmt].items():
             print(f"{fmt} batch {size}: {agreement(r, options.tolerance)} on {report['samples']} test samples",

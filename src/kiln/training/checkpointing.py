@@ -28,6 +28,9 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+EMPTY = "an empty checkpoint path: name a .ckpt file (or best, last, wandb:…)"
+
+
 class CheckpointError(KilnError):
     """A checkpoint file that is missing, truncated, corrupted, or not a safe checkpoint."""
 
@@ -39,7 +42,7 @@ def load_checkpoint_file(path: str | Path, map_location: Any = "cpu", mmap: bool
     file without reading all of it.
     """
     if not str(path).strip():  # Path("") would be the current folder
-        raise CheckpointError("an empty checkpoint path: name a .ckpt file (or best, last, wandb:…)")
+        raise CheckpointError(EMPTY)
     path = Path(path)
     if path.is_dir():
         inside = " (a run folder: its newest state is checkpoints/last.ckpt)" if (path / "checkpoints").is_dir() else ""

@@ -29,7 +29,7 @@ from kiln.commands.sweep.inprocess import (
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
-from kiln.commands.sweep.study import HEARTBEAT, OWNER, beating, claim, open_study, orphans, others_running, storage_for
+from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, others_running, storage_for
 from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
 from kiln.files import dump_yaml
 from kiln.process import stop_signals
@@ -196,7 +196,7 @@ def resume_orphans(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | Non
 def wait_for_others(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | None, subprocess_trials: bool) -> None:
     """Stay while other drivers run trials, resuming any whose driver dies: a worker that exited as soon as it had
     nothing to start left a dead worker's trial RUNNING, for a driver started much later."""
-    poll = min(HEARTBEAT, sweep.stale_after / 5)
+    poll = min(5.0, sweep.stale_after / 5)  # a worker leaves within seconds of the last trial
     if running := others_running(study):
         names = ", ".join(trial_name(t) for t in running)
         print(f"{sweep.name}: waiting for {names}, which other drivers run: one whose driver dies is resumed here "
