@@ -24,8 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from kiln.cli.from_checkpoint import rebuild
-from kiln.commands.arguments import OneLineParser
-from kiln.commands.sweep.inprocess import parse_command, resolved_config
+from kiln.commands.arguments import OneLineParser, parse_command, resolved_config
 from kiln.errors import KilnError, UsageError
 from kiln.files import folder_written_whole, load_yaml
 from kiln.process import stop_signals

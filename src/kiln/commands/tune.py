@@ -23,8 +23,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from kiln.commands.arguments import OneLineParser
-from kiln.commands.sweep.inprocess import parse_command, resolved_config
+from kiln.commands.arguments import OneLineParser, parse_command, resolved_config
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml, written_whole
 from kiln.process.process_group import check_one_process

@@ -9,6 +9,7 @@ resume apply.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -16,21 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.commands.arguments import OneLineParser, folder
+from kiln.commands.arguments import OneLineParser, folder, parse_command, resolved_config
 from kiln.commands.sweep import reporting
-from kiln.commands.sweep.inprocess import (
-    STOPPED,
-    describe,
-    fit,
-    fit_process,
-    parse_command,
-    resolved_config,
-)
+from kiln.commands.sweep.inprocess import describe, fit, fit_process, under_policy
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
 from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, others_running, storage_for
-from kiln.errors import AlreadyFinished, KilnError, NeedsOwnProcess, UsageError
+from kiln.errors import AlreadyFinished, KilnError, UsageError
 from kiln.files import dump_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders, picking
@@ -56,7 +50,6 @@ def run_trial(
     subprocess_trials: bool = False,
 ) -> str:  # fmt: skip
     """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
     from optuna.trial import TrialState
 
     trial.set_user_attr("owner", OWNER)
@@ -66,30 +59,25 @@ def run_trial(
     args = [*sweep.args, *flags(values), f"--run.root={sweep_dir}", f"--run.name={name}",
             "--run.test_after_fit=false", "--run.summary=false",  # the sweep prints a line per trial, and its table
             *([f"--ckpt_path={last}"] if resume and (last := _cut_short(sweep_dir / name)) else [])]  # fmt: skip
-    os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
-    started = time.monotonic()
-    try:
-        with beating(trial, sweep.stale_after):
+
+    def attempt() -> None:
+        with beating(trial, sweep.stale_after), contextlib.suppress(AlreadyFinished):  # trained before: it stands
             if subprocess_trials:  # its reporter reopens the trial (reporting.TRIAL_ENV)
                 reporter = ["--trainer.callbacks+=kiln.commands.sweep.reporting.TrialReporter",
                             f"--trainer.callbacks.metric={sweep.metric}"]  # fmt: skip
                 fit_trial_process([*args, *reporter], trial, sweep, sweep_dir, storage)
             else:
                 fit(args, inside="kiln sweep", callbacks=[reporting.TrialReporter.of(trial, sweep.metric)])
-    except AlreadyFinished:
-        pass  # trained before the last driver stopped: its reported values stand
-    except (SIGTERMException, *STOPPED):
-        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
-        raise
-    except Exception as err:  # a user error (non-finite loss, bad data) or a crash: FAIL, and go on
-        folders.remove_failed_run()
-        line = str(err).splitlines()[0] if str(err) else ""
-        state = _fail(study, trial, line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}")
-        if isinstance(err, NeedsOwnProcess | MetricNotLogged):
-            raise  # every trial would fail the same way
-        return state
+
+    failed: list[str] = []
+    os.environ["WANDB_RUN_GROUP"] = sweep.name  # every trial's W&B run in the sweep's group
+    started = time.monotonic()
+    try:
+        under_policy(name, attempt, lambda line: failed.append(_fail(study, trial, line)), fatal=(MetricNotLogged,))
     finally:
         os.environ.pop("WANDB_RUN_GROUP", None)
+    if failed:
+        return "FAIL"
     trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
     recorded = study.get_trials(deepcopy=False)[trial.number]  # what the reporter wrote, here or in the child
     reported = recorded.intermediate_values

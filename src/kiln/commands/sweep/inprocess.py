@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import Interrupted, KilnError, Preempted, Stopped
+from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, Stopped
 from kiln.process import stop_signals
 from kiln.runs import folders
 
 STOPPED = (Stopped, Preempted, Interrupted)
-
-
-def parse_command(parser: argparse.ArgumentParser, args: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """The command's own options, and the ``kiln fit`` arguments every run gets (what follows ``--``)."""
-    fit_args = args[args.index("--") + 1 :] if "--" in args else []  # e.g. -- -c configs/trainer/gpu.yaml
-    own = args[: args.index("--")] if "--" in args else args
-    return parser.parse_args(own), fit_args  # a OneLineParser: a bad option raises UsageError
 
 
 def fit(args: list[str], inside: str, callbacks: Sequence[Any] = ()) -> Any:
@@ -47,15 +37,32 @@ def fit(args: list[str], inside: str, callbacks: Sequence[Any] = ()) -> Any:
         raise
 
 
-def resolved_config(fit_args: list[str]) -> str:
-    """The config ``kiln fit <fit_args>`` resolves to (what ``--print_config`` prints), before anything runs:
-    a rerun reuses a run only if this text is the same (the files behind ``-c`` may have changed)."""
-    from kiln.cli import argv_hidden, build_cli
+def failure_line(err: BaseException) -> str:
+    """A failed run's reason in one line: kiln's own message, else the exception's type and first line."""
+    line = str(err).splitlines()[0] if str(err) else ""
+    return line if isinstance(err, KilnError) else f"{type(err).__name__}: {line}"
 
-    printed = io.StringIO()
-    with argv_hidden(), contextlib.redirect_stdout(printed), contextlib.suppress(SystemExit):
-        build_cli(["fit", *fit_args, "--print_config"])
-    return printed.getvalue()
+
+def under_policy(
+    name: str, run: Callable[[], None], failed: Callable[[str], None], stopped: Callable[[], None] = lambda: None,
+    fatal: tuple[type[Exception], ...] = (),
+) -> None:  # fmt: skip
+    """One run of a sweep or a multirun under the policy they share: a stop says so and goes up (the same command
+    resumes the run); a failure (a user error, a crash) removes the folder the run made if it saved nothing, is
+    told to ``failed`` in one line, and goes up only when every run would fail the same way (``fatal``)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        run()
+    except (SIGTERMException, *STOPPED):
+        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
+        stopped()
+        raise
+    except Exception as err:
+        folders.remove_failed_run()
+        failed(failure_line(err))
+        if isinstance(err, (NeedsOwnProcess, *fatal)):
+            raise  # every run would fail the same way
 
 
 def short_key(key: str) -> str:

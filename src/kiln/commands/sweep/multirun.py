@@ -22,22 +22,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
 from kiln import console
-from kiln.commands.arguments import OneLineParser, folder
+from kiln.commands.arguments import OneLineParser, folder, parse_command, resolved_config
 from kiln.commands.sweep.inprocess import (
-    STOPPED,
     fit,
     fit_process,
-    parse_command,
-    resolved_config,
     short_key,
+    under_policy,
 )
 from kiln.commands.sweep.space import flags
-from kiln.errors import KilnError, NeedsOwnProcess, UsageError
+from kiln.errors import KilnError, UsageError
 from kiln.files import broken_archives, load_yaml, written_whole
 from kiln.process import stop_signals
 from kiln.runs import folders
@@ -248,22 +245,25 @@ def _one_run(
     before = set((root / name).glob("*"))
     quiet = [] if console.verbose() else QUIET_RUN  # one line per run here, not a run's own console
     resume = [f"--ckpt_path={folders.layout(cut).last}"] if cut is not None else []  # any job's: a cancelled task's
-    try:
-        args = [*run, *quiet, *resume]
-        fit_process(args, runs_under=root / name) if own_process else fit(args, inside="kiln multirun")
-    except (SIGTERMException, *STOPPED):
+    args = [*run, *quiet, *resume]
+
+    def train() -> None:
+        if own_process:
+            fit_process(args, runs_under=root / name)
+        else:
+            fit(args, inside="kiln multirun")
+
+    def on_stop() -> None:
         _note_config(root / name, before, config)  # the same command resumes it
-        print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
         _sum_up_stopped(name, root, cell_runs)
-        raise  # stopped from outside: the same command resumes
-    except Exception as err:  # a user error or a crash: this run fails, the others go on
-        folders.remove_failed_run()
-        line = str(err).splitlines()[0] if str(err) else ""
-        print(f"{name}: failed: {line if isinstance(err, KilnError) else f'{type(err).__name__}: {line}'}",
-              file=sys.stderr)  # fmt: skip
-        if isinstance(err, NeedsOwnProcess):
-            raise  # every run would fail the same way
+
+    def on_failure(line: str) -> None:
+        print(f"{name}: failed: {line}", file=sys.stderr)
         failed.append(name)
+
+    failures_before = len(failed)
+    under_policy(name, train, on_failure, on_stop)
+    if len(failed) > failures_before:
         return None
     _note_config(root / name, before, config)
     done, _ = finished(root / name, tested, config)
