@@ -9,12 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.process.process_group import DDP_ENV
-
-# a run folder, a cluster job, and what Lightning's DDP set-up (and torchrun) exports: a test that inherited them
-# would resume another's folder or start its DDP child processes on another's port
-INHERITED = (*(v for v in DDP_ENV if v != "OMP_NUM_THREADS"), "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GROUP_RANK",
-             "RANK", "LOCAL_WORLD_SIZE")  # fmt: skip
+from kiln.testing import INHERITED_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +24,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
-    for var in INHERITED:
+    for var in INHERITED_ENV:
         monkeypatch.delenv(var, raising=False)
     yield tmp_path
     os.environ.clear()

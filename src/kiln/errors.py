@@ -1,5 +1,10 @@
 """Errors a user can fix, and the ways a command stops: the boundary (kiln.commands) prints each as one line."""
 
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
 
 class KilnError(Exception):
     """A problem with the user's input (data, config, checkpoint) whose message says what to do."""
@@ -63,3 +68,9 @@ class AlreadyFinished(Exception):
 
 class NeedsOwnProcess(UsageError):
     """A run with several processes (DDP) started inside another command: it would relaunch that command."""
+
+
+def nearest(word: str, options: Iterable[str]) -> str:
+    """``; did you mean X?`` for the closest option, or nothing: the end of a one-line error naming a wrong value."""
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""

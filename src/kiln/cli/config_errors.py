@@ -9,7 +9,6 @@ the sources the user wrote.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from kiln.cli.classes import import_class, parameters
-from kiln.errors import UsageError
+from kiln.errors import UsageError, nearest
 from kiln.files import load_yaml
 from kiln.process.secrets import REDACTED, is_secret_name, redact_text, secret_values
 
@@ -191,12 +190,6 @@ def read_mistake(message: str) -> Mistake | None:
     order = ["option", "class", "module", "key", "value"]
     candidates.sort(key=lambda m: (order.index(m.kind), -len(m.keys) - len(m.classes)))
     return candidates[0] if candidates else None
-
-
-def nearest(word: str, options: Iterable[str]) -> str:
-    """``; did you mean X?`` for the closest option, or nothing."""
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _under(prefix: str, classes: list[str]) -> str | None:

@@ -29,7 +29,7 @@ from kiln.callbacks.preemption import PreemptionCheckpoint
 from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class, is_a
-from kiln.cli.config_errors import check_config_files, describe, nearest, sources
+from kiln.cli.config_errors import check_config_files, describe, sources
 from kiln.cli.devices import (
     fall_back_from_bf16,
     fsdp_without_gpu,
@@ -62,7 +62,7 @@ from kiln.cli.resume_check import (
 from kiln.cli.run_paths import RunPaths, class_nodes
 from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
-from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
+from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError, nearest
 from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values

@@ -1,6 +1,6 @@
 """Reusable LightningDataModules and their parts: tensors in memory, image folders, HF datasets, streaming."""
 
-from kiln.data.base import TensorDataModule
+from kiln.data.base import TensorDataModule, seeded_split
 from kiln.data.folder import FolderDataModule
 from kiln.data.hf import HFDataModule
 from kiln.data.on_device import BatchRandomAffine, DeviceLoader
@@ -23,4 +23,5 @@ __all__ = [
     "SyntheticDataModule",
     "TensorDataModule",
     "TorchvisionDataModule",
+    "seeded_split",
 ]

@@ -9,8 +9,7 @@ import torch
 from torch import nn
 from torchvision.transforms import v2
 
-from kiln.data.base import TensorDataModule, seeded_split
-from kiln.data.on_device import BatchRandomAffine
+from kiln.data import BatchRandomAffine, TensorDataModule, seeded_split
 
 DIGITS_FILE = Path(__file__).with_name("digits.npz")
 

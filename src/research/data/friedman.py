@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from kiln.data.base import TensorDataModule, seeded_split
+from kiln.data import TensorDataModule, seeded_split
 
 
 def friedman(n: int, noise: float, seed: int) -> tuple[Tensor, Tensor]:

@@ -7,7 +7,7 @@ import random
 import torch
 from torch import Tensor
 
-from kiln.data.base import TensorDataModule
+from kiln.data import TensorDataModule
 
 SUBJECTS = ("the cat", "a dog", "my sister", "the old man", "a small bird", "the teacher", "our neighbour", "the king")
 VERBS = ("sees", "likes", "finds", "follows", "watches", "helps", "paints", "calls", "remembers")

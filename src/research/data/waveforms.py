@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from kiln.data.base import TensorDataModule, seeded_split
+from kiln.data import TensorDataModule, seeded_split
 
 SHAPES = ("sine", "square", "triangle", "sawtooth")
 

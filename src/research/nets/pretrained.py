@@ -10,9 +10,8 @@ from typing import Any, ClassVar
 import timm
 from torch import Tensor, nn
 
-from kiln.cli.config_errors import nearest
 from kiln.console import say
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, nearest
 
 KEY = "model.net.init_args"
 Stats = tuple[tuple[float, ...], tuple[float, ...]]  # (mean, std), one value per input channel

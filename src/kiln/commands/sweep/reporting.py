@@ -7,8 +7,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from kiln.cli.config_errors import nearest
-from kiln.errors import UsageError
+from kiln.errors import UsageError, nearest
 
 # set by `kiln sweep --subprocess` for the trial's own `kiln fit` process: the storage URL, password included, stays
 # out of the command line and so out of the trial's config.yaml and checkpoints
