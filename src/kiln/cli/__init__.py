@@ -3,13 +3,18 @@
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kiln.cli.engine import KilnCLI, argv_hidden, build_cli, config_dir
+    from kiln.cli.configs import config_dir
+    from kiln.cli.engine import KilnCLI, argv_hidden, build_cli
 
 __all__ = ["KilnCLI", "argv_hidden", "build_cli", "config_dir"]
 
 
 def __getattr__(name: str) -> Any:
     """``build_cli`` and its kin on first use: the CLI's helpers (config errors, links) import no Lightning."""
+    if name == "config_dir":  # no Lightning
+        from kiln.cli.configs import config_dir
+
+        return config_dir
     if name in __all__:
         from kiln.cli import engine
 

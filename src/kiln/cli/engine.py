@@ -30,6 +30,7 @@ from kiln.callbacks.spawned_ranks import SpawnedRanks
 from kiln.cli.class_switch import carried_over, own_defaults
 from kiln.cli.classes import import_class, is_a
 from kiln.cli.config_errors import check_config_files, describe, sources
+from kiln.cli.configs import config_dir
 from kiln.cli.devices import (
     fall_back_from_bf16,
     fsdp_without_gpu,
@@ -75,20 +76,6 @@ from kiln.training.checkpointing import remove_stale_temporaries
 from kiln.training.testing import TestChoice, missing_for, read_metrics, summarize_untested, test_after_fit
 from kiln.wandb import checkpoints as wandb_checkpoints
 from kiln.wandb.mode import finish_wandb, start_or_fall_back
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # kiln/
-
-
-def config_dir(package: Path = PACKAGE_DIR) -> Path:
-    """``configs/``: inside the package when installed from a wheel (``kiln/configs``), else the
-    checkout's (an editable install or a generated project). Missing: one line, never no defaults."""
-    for candidate in (package / "configs", package.parents[1] / "configs"):
-        if (candidate / "train.yaml").is_file():
-            return candidate
-    raise ConfigError(
-        f"no default config: neither {package / 'configs' / 'train.yaml'} nor "
-        f"{package.parents[1] / 'configs' / 'train.yaml'} exists; reinstall the package, or run from the project"
-    )
 
 
 @dataclass

@@ -36,7 +36,7 @@ CLASS_KEYS = ("class_path", "_class_path")
 @cache
 def research_packages() -> tuple[str, ...]:
     """The packages the default config's model and data come from (the research package), never kiln."""
-    from kiln.cli import config_dir
+    from kiln.cli.configs import config_dir
 
     try:
         defaults = load_yaml((config_dir() / "train.yaml").read_text()) or {}
