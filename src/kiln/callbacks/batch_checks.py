@@ -14,7 +14,7 @@ from torch import Tensor
 from kiln.console import say
 from kiln.data.base import check_labels
 from kiln.errors import HealthCheckError
-from kiln.training.contracts import classes, datamodule, declared_classes, sample_shape
+from kiln.training.contracts import classes, datamodule, declared_classes, network_channels, sample_shape
 
 
 def _shape_problem(x: Tensor, input_shape: Sequence[int] | None, channels: int | None) -> str | None:
@@ -117,11 +117,8 @@ class BatchSanityCheck(Callback):
                     "float tensors are checked (for NaN/Inf)")  # fmt: skip
             check_tensors(batch, where)
             return
-        channels = getattr(getattr(pl_module, "net", None), "in_channels", None)
         data = datamodule(trainer)
-        found = check_batch(
-            batch, where, classes(data), sample_shape(data), channels if isinstance(channels, int) else None
-        )
+        found = check_batch(batch, where, classes(data), sample_shape(data), network_channels(pl_module))
         for message in found:
             rank_zero_warn(message)
         self.warnings += found

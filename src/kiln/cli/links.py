@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 from kiln.cli.classes import REQUIRED, defaults, import_class, parameters
 from kiln.cli.config_errors import Source, skeleton, where_written
 from kiln.errors import ConfigError, KilnError, UsageError
+from kiln.training import contracts
 
 # what a datamodule may declare (kiln.training.contracts); each goes to the model's and the network's argument of
 # the same name, where the chosen class takes one (num_outputs: a logit per class, or a value per target)
@@ -68,7 +69,7 @@ class DataLinks:
         by_user = {skeleton(path) for source in settings for path, _ in source.entries}
         self.config = config
         net = import_class(config.get("model.init_args.net.class_path") or "")
-        self.stats_pending = hasattr(net, "input_stats")
+        self.stats_pending = contracts.has_input_stats(net)
         written = [key for key in ("data.mean", "data.std") if skeleton(key) in by_user]
         self.stats_written = where_written(settings, _is_key(written[-1]), written[-1]) if written else None
         for _, target in LINKS:
@@ -85,8 +86,8 @@ class DataLinks:
     def value(self, data: Any, attr: str, target: str) -> Any:
         """What ``target`` gets from the instantiated datamodule (its declaration, or the class's default)."""
         self._use_net_stats(data)
-        declared = getattr(data, attr, None)
-        names = getattr(data, "class_names", None) if attr == "num_classes" else None
+        declared = contracts.declared(data, attr)
+        names = contracts.declared(data, "class_names") if attr == "num_classes" else None
         if names and declared is not None and len(names) != declared:  # pictures and predictions dropped them
             raise ConfigError(
                 f"{type(data).__name__} declares {declared} classes and {len(names)} class_names "
@@ -99,11 +100,11 @@ class DataLinks:
         if declared is None:
             if given is not None:
                 return given  # a datamodule that declares nothing: the user's value stands
-            if attr == "in_channels" and getattr(data, "input_shape", None) is not None:
+            if attr == "in_channels" and (shape := contracts.declared(data, "input_shape")) is not None:
                 raise ConfigError(
-                    f"{target}: {name}'s samples have shape {tuple(data.input_shape)}, with no channel dimension, "
+                    f"{target}: {name}'s samples have shape {tuple(shape)}, with no channel dimension, "
                     f"but the network takes in_channels: give the samples one (input_shape (1, "
-                    f"{', '.join(map(str, data.input_shape))}), inputs.unsqueeze(1)) or use a network for "
+                    f"{', '.join(map(str, shape))}), inputs.unsqueeze(1)) or use a network for "
                     "1-D samples (an MLP)"
                 )
             if self.accepted[target] is not REQUIRED:
@@ -126,14 +127,17 @@ class DataLinks:
             return
         self.stats_pending = False
         net = self.config.model.init_args.net
-        stats = import_class(net.class_path).input_stats(net.init_args, getattr(data, "in_channels", None))
+        stats = contracts.input_stats(
+            import_class(net.class_path), net.init_args, contracts.declared(data, "in_channels")
+        )
         if stats is None:
             return
         mean, std = (list(values) for values in stats)
         origin = f"{net.init_args.get('name') or net.class_path}'s pretrained weights"
         name = type(data).__name__
         if self.stats_written is not None:  # the user's statistics stand; a difference is said
-            if not (_same(getattr(data, "mean", mean), mean) and _same(getattr(data, "std", std), std)):
+            yours = [(contracts.declared(data, "mean"), mean), (contracts.declared(data, "std"), std)]
+            if not all(_same(value, wanted) for value, wanted in yours if value is not None):
                 print(f"{self.stats_written}: keeping yours; {origin} expect mean {mean}, std {std}", file=sys.stderr)
             return
         if not {"mean", "std"} <= set(parameters(type(data))):

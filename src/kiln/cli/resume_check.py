@@ -12,6 +12,7 @@ from kiln.errors import ConfigError
 from kiln.files import load_yaml
 from kiln.process.secrets import REDACTED
 from kiln.runs.folders import layout, run_of
+from kiln.training import contracts
 
 # settings that change speed or memory, not the computation: a resume may change them
 RUNTIME_ONLY = {
@@ -24,7 +25,7 @@ RUNTIME_ONLY = {
 def init_only(class_path: Any) -> tuple[str, ...]:
     """A network class's arguments that only initialise its weights (``Timm``'s ``weights``): a checkpoint,
     which holds every weight, makes them irrelevant when it is loaded."""
-    return tuple(getattr(import_class(str(class_path)), "init_only", ()))
+    return contracts.init_only(import_class(str(class_path)))
 
 
 def flat(value: Any, prefix: str = "") -> dict[str, Any]:

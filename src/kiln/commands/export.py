@@ -31,7 +31,7 @@ from kiln.process import stop_signals
 from kiln.runs.folders import layout, run_of
 from kiln.runs.picking import Pick, partial_data
 from kiln.runs.reference import Reference, resolve
-from kiln.training.contracts import classes, sample_shape, statistics
+from kiln.training.contracts import classes, declared, sample_shape, statistics, stored_dtype
 from kiln.wandb import checkpoints as wandb_checkpoints
 
 FORMATS = ("onnx", "pt2")
@@ -56,7 +56,7 @@ def preprocess(data: Any, example: Tensor, classifier: bool) -> dict[str, Any]:
     statistics where it declares them. Integer samples (token ids) go in as they are."""
     shape = list(sample_shape(data) or example.shape[1:])
     stats = statistics(data)
-    names = (list(data.class_names) if getattr(data, "class_names", None) else None) if classifier else None
+    names = (list(declared(data, "class_names") or []) or None) if classifier else None
     common = {"input_shape": shape, "input": "input", "output": "logits" if classifier else "output",
               "class_names": names}  # fmt: skip
     if not torch.is_floating_point(example):
@@ -64,8 +64,7 @@ def preprocess(data: Any, example: Tensor, classifier: bool) -> dict[str, Any]:
         return {"source": "array", "dtype": str(example.dtype).removeprefix("torch."), "scale": None, "mean": None,
                 "std": None, "stats_axis": None, "resize": None, "recipe": recipe, **common}  # fmt: skip
     image = len(shape) == 3
-    test_set: Any = getattr(data, "test_set", None)
-    stored = test_set.raw(0)[0].dtype if hasattr(test_set, "raw") and len(test_set) else torch.float32
+    stored = stored_dtype(data) or torch.float32
     scale = 1 / 255 if image or stored == torch.uint8 else 1.0
     mean, std = stats if stats is not None else (None, None)
     axis = 0 if stats is not None and (len(stats[0]) > 1 or len(stats[1]) > 1) else None

@@ -14,17 +14,29 @@ Data (a LightningDataModule):
     ``mean`` and ``std``: the statistics it normalises float inputs with. Pictures undo them; an
         export's ``preprocess.json`` records them.
     ``resume_at(epoch, samples)``: where the training order resumes, for an exact mid-epoch resume.
+    ``test_set`` with ``raw(i)``: a test sample as stored (an export's ``preprocess.json`` tells uint8 from float).
 A LightningModule:
     ``prediction_columns(prediction, batch)``: ``predictions.csv``'s columns for a batch (else kiln
         writes class columns for classifiers, values for anything else).
     ``example_input_array`` (Lightning's own): an input for the model summary and an export, where the
         data's test batches give none.
+    ``net`` with ``in_channels``: the channels its network takes, checked against the first batches.
+A network class (``model.net``'s):
+    ``init_only``: the arguments that only initialise its weights (``Timm``'s ``weights``), which a checkpoint's
+        resume or rebuild ignores.
+    ``input_stats(init_args, in_channels)``: the statistics its pretrained weights expect, which become the
+        data's ``mean``/``std``.
+
+``CONTRACTS`` names them all: ``tests/engine/test_surface.py`` holds that no other engine module reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
+
+CONTRACTS = ("input_shape", "num_classes", "class_names", "mean", "std", "resume_at", "test_set", "raw",
+             "prediction_columns", "example_input_array", "in_channels", "init_only", "input_stats")  # fmt: skip
 
 
 @runtime_checkable
@@ -79,3 +91,34 @@ def statistics(data: Any) -> tuple[list[float], list[float]] | None:
     if not (isinstance(mean, Sequence) and isinstance(std, Sequence)) or not mean or not std:
         return None
     return [float(m) for m in mean], [float(s) for s in std]
+
+
+def declared(data: Any, name: str) -> Any:
+    """A declaration of the data as it stands, unchecked (the links compare it with what the user wrote)."""
+    return getattr(data, name, None)
+
+
+def network_channels(module: Any) -> int | None:
+    """The input channels ``module.net`` declares, if it declares them as an integer."""
+    channels = getattr(getattr(module, "net", None), "in_channels", None)
+    return channels if isinstance(channels, int) and not isinstance(channels, bool) else None
+
+
+def stored_dtype(data: Any) -> Any:
+    """The dtype of a test sample as the data stores it (``test_set.raw(0)``), else None."""
+    test_set: Any = getattr(data, "test_set", None)
+    return test_set.raw(0)[0].dtype if hasattr(test_set, "raw") and len(test_set) else None
+
+
+def init_only(network_class: Any) -> tuple[str, ...]:
+    """The network class's arguments that only initialise its weights (none declared: none)."""
+    return tuple(getattr(network_class, "init_only", ()))
+
+
+def has_input_stats(network_class: Any) -> bool:
+    return hasattr(network_class, "input_stats")
+
+
+def input_stats(network_class: Any, init_args: Any, in_channels: int | None) -> Any:
+    """The statistics the network's pretrained weights expect, ``(mean, std)``, or None."""
+    return network_class.input_stats(init_args, in_channels) if has_input_stats(network_class) else None
