@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # (logger, start of the message, why it goes)
@@ -71,13 +73,26 @@ def quiet_lightning() -> None:
 # A command's console: its own lines, the model summary, the progress bar, warnings that matter and the
 # summary. Lightning's information lines ("Seed set to 42", "GPU available", "Restoring states …") go to
 # the run folder's console.log instead, and W&B's banner and history to its own log; `-v` keeps both here.
-VERBOSE_ENV = "KILN_VERBOSE"  # set by `kiln -v` (kiln.commands.boundary)
 TO_FILE = ("lightning.pytorch", "lightning.fabric", "kiln")  # loggers whose information lines go to console.log
 LOG = logging.getLogger("kiln")  # kiln's own information lines (the per-class table, callbacks left out)
 
 
+_verbose = False  # `kiln -v`: set for its command by kiln.commands.boundary (a child `kiln fit` gets `-v`)
+
+
 def verbose() -> bool:
-    return os.environ.get(VERBOSE_ENV) == "1"
+    return _verbose
+
+
+@contextmanager
+def verbosity(on: bool) -> Iterator[None]:
+    """Everything on the console (``kiln -v``) for one command; as it was after it (a notebook's next call)."""
+    global _verbose
+    before, _verbose = _verbose, on or _verbose
+    try:
+        yield
+    finally:
+        _verbose = before
 
 
 class _Held(logging.Handler):

@@ -13,12 +13,12 @@ import errno
 import gc
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from kiln import console
 from kiln.commands.blame import causes, internal_error, said
 from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped, UsageError
 from kiln.process import stop_signals
@@ -160,8 +160,13 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else [str(a) for a in args]
     if verbose := [a for a in argv[: argv.index("--") if "--" in argv else None] if a in ("-v", "--verbose")]:
         argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
-        os.environ["KILN_VERBOSE"] = "1"
         args = argv
+    with console.verbosity(bool(verbose)):
+        _main(argv, args, process)
+
+
+def _main(argv: list[str], args: list[str] | None, process: bool) -> None:
+    """The command ``argv``, its end recorded and said in one line, whatever way it ends."""
     load_env_file()  # the project's .env (WANDB_API_KEY, …): under variables already set
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines

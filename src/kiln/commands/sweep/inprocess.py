@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kiln import console
 from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, Stopped
 from kiln.process import stop_signals
 from kiln.runs import folders
@@ -87,7 +88,8 @@ def fit_process(args: list[str], env: dict[str, str] | None = None, runs_under: 
     stop_signals.stop_here("stopped before the next `kiln fit` began; the same command goes on from there")
     began = time.time()
     child = subprocess.Popen(
-        [sys.executable, "-m", "kiln", "fit", *args], env={**os.environ, **(env or {})}, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "kiln", *(["-v"] if console.verbose() else []), "fit", *args],
+        env={**os.environ, **(env or {})}, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
 
