@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
 from kiln.cli.classes import import_class, is_a, parameters
 from kiln.errors import ConfigError
 from kiln.runs.folders import layout, wandb_run_id
+from kiln.wandb import mode as wandb_mode
 from kiln.wandb.mode import ensure_wandb_mode
 
 Key = tuple[str | int, ...]  # a place in the dumped config: dict keys and list positions
@@ -78,7 +78,7 @@ class RunPaths:
             if notice := ensure_wandb_mode():
                 print(notice, file=sys.stderr)
             if logger.init_args.get("mode") is None:  # per run: W&B reads the variable once per process
-                self._set(at, logger, "mode", os.environ.get("WANDB_MODE"))
+                self._set(at, logger, "mode", wandb_mode.current())
             self._fill("trainer.logger", at, logger, "name", f"{run_name}/{self.run_dir.name}")
             if self.resume_dir is not None and logger.init_args.get("id") is None:
                 self._set(at, logger, "id", wandb_run_id(self.run_dir))  # the resumed run continues its W&B run

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,12 @@ def wandb_sync_command(trainer: Any) -> str | None:
     """``wandb sync <dir>`` for an offline W&B run of this trainer, else ``None``."""
     from lightning.pytorch.loggers import WandbLogger
 
+    from kiln.wandb import mode as wandb_mode
+
     for logger in trainer.loggers:
         if getattr(logger, "stopped", None):  # kiln's W&B logger after a failure mid-run: said then
             continue
-        if isinstance(logger, WandbLogger) and os.environ.get("WANDB_MODE") == "offline":
+        if isinstance(logger, WandbLogger) and wandb_mode.current() == "offline":
             return f"wandb sync {Path(logger.experiment.dir).parent}"
     return None
 

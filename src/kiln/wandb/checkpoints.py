@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -55,13 +54,10 @@ def parse(value: str) -> Reference:
 
 def resolve(value: str, root: str | Path) -> Path:
     """The local checkpoint file of the W&B version ``value`` names, with one line saying which it is."""
-    from kiln.wandb.mode import api_key, server_problem
+    from kiln.wandb.mode import why_not_online
 
     reference = parse(value)
-    mode = os.environ.get("WANDB_MODE")
-    offline = mode in ("offline", "disabled", "dryrun")
-    key = None if offline else api_key()
-    why = f"WANDB_MODE is {mode}" if offline else "no API key" if key is None else server_problem(key)
+    why = why_not_online()
     path, source = _downloaded(reference) if why is None else _logged_offline(reference, Path(root), why)
     print(f"--ckpt_path {reference}: {path} ({source})", file=sys.stderr)
     return path

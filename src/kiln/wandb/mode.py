@@ -62,6 +62,23 @@ def server_problem(key: str, timeout: float = 10.0) -> str | None:
     return outcome[0] if outcome else f"{url}: {silent}"
 
 
+QUIET_MODES = ("offline", "disabled", "dryrun")  # W&B's modes that start no online run
+
+
+def current() -> str | None:
+    """This process's W&B mode, ``WANDB_MODE`` (W&B reads it once per process; ``ensure_wandb_mode`` sets it where
+    it falls back to offline): read here only."""
+    return os.environ.get("WANDB_MODE") or None
+
+
+def why_not_online() -> str | None:
+    """Why an online W&B run cannot start now (its mode, no key, the server's answer), or None."""
+    if (mode := current()) in QUIET_MODES:
+        return f"WANDB_MODE is {mode}"
+    key = api_key()
+    return "no API key (set WANDB_API_KEY or run `wandb login`)" if key is None else server_problem(key)
+
+
 def ensure_wandb_mode() -> str | None:
     """Respect ``WANDB_MODE`` when set; else log offline, with a one-line notice, unless an online run can start.
 
@@ -71,7 +88,7 @@ def ensure_wandb_mode() -> str | None:
     if sweep := os.environ.get("WANDB_SWEEP_ID"):
         _refuse_offline_agent(sweep)
         return None
-    if os.environ.get("WANDB_MODE"):
+    if current():
         return None
     key = api_key()
     if key is None:
@@ -85,13 +102,7 @@ def ensure_wandb_mode() -> str | None:
 
 def _refuse_offline_agent(sweep: str) -> None:
     """Under ``wandb agent`` a run must log online: offline, the sweep controller never gets its metric."""
-    mode = os.environ.get("WANDB_MODE")
-    key = api_key()
-    why = (
-        f"WANDB_MODE is {mode}" if mode in ("offline", "disabled", "dryrun")
-        else "no API key (set WANDB_API_KEY or run `wandb login`)" if key is None
-        else server_problem(key)
-    )  # fmt: skip
+    why = why_not_online()
     if why:
         raise ConfigError(
             f"W&B sweep agent (WANDB_SWEEP_ID={sweep}): {why}; logging offline would leave the sweep without this "

@@ -131,7 +131,9 @@ def write_pictures(study: Any, sweep: Sweep, sweep_dir: Path) -> list[Path]:
 
 def _wandb_project(config: dict[str, Any]) -> str | None:
     """The W&B project a trial logged to (from its config), or ``None`` when W&B was off."""
-    if os.environ.get("WANDB_MODE") == "disabled":
+    from kiln.wandb.mode import current
+
+    if current() == "disabled":
         return None
     logger = (config.get("trainer") or {}).get("logger")
     if not isinstance(logger, dict) or "Wandb" not in str(logger.get("class_path", "")):
@@ -144,14 +146,14 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
     project = _wandb_project(config)
     if project is None:
         return
-    from kiln.wandb.mode import ensure_wandb_mode, finish_wandb
+    from kiln.wandb.mode import current, ensure_wandb_mode, finish_wandb
 
     if notice := ensure_wandb_mode():
         print(notice, file=sys.stderr)
     import wandb
 
     finish_wandb()  # a run left open in this process (a notebook's fit) would take the report instead
-    mode: Any = os.environ.get("WANDB_MODE")  # given per run: W&B reads the variable once per process
+    mode: Any = current()  # given per run: W&B reads the variable once per process
     with argv_shown():  # the command W&B records: --storage without its password
         run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
                          dir=str(sweep_dir), mode=mode)  # fmt: skip
