@@ -266,9 +266,14 @@ def export_command(args: list[str]) -> None:
     if output.exists():
         raise UsageError(f"kiln export: {output} exists; remove it or give another --output")
     report = export(str(found.path), output, formats, sizes, options.tolerance, options.samples, found.version)
+    _say_exported(report, output, formats, options.tolerance)
+
+
+def _say_exported(report: dict[str, Any], output: Path, formats: list[str], tolerance: float) -> None:
+    """Each file's parity in a line, then how to serve it (``kiln infer``, for images and float samples)."""
     for fmt in formats:
         for size, r in report[fmt].items():
-            print(f"{fmt} batch {size}: {agreement(r, options.tolerance)} on {report['samples']} test samples",
+            print(f"{fmt} batch {size}: {agreement(r, tolerance)} on {report['samples']} test samples",
                   file=sys.stderr)  # fmt: skip
     spec = json.loads((output / "preprocess.json").read_text())
     model = output / "model.onnx"

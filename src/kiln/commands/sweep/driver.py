@@ -50,8 +50,6 @@ def run_trial(
     subprocess_trials: bool = False,
 ) -> str:  # fmt: skip
     """One trial as ``kiln fit``; the state it ends in (COMPLETE, PRUNED, FAIL) is told to the study."""
-    from optuna.trial import TrialState
-
     trial.set_user_attr("owner", OWNER)
     values = {param.key: param.suggest(trial) for param in sweep.space}
     name = trial_name(trial)
@@ -79,21 +77,29 @@ def run_trial(
     if failed:
         return "FAIL"
     trial.set_user_attr("seconds", round(time.monotonic() - started, 2))
+    return _tell_result(study, trial, sweep, sweep_dir / name, values)
+
+
+def _tell_result(study: Any, trial: Any, sweep: Sweep, runs: Path, values: dict[str, Any]) -> str:
+    """What the finished trial's fit reported, told to the study (PRUNED, COMPLETE, or FAIL without the metric)
+    and said in one line; its run folder's status says it too."""
+    from optuna.trial import TrialState
+
     recorded = study.get_trials(deepcopy=False)[trial.number]  # what the reporter wrote, here or in the child
     reported = recorded.intermediate_values
     if recorded.user_attrs.get("pruned"):
         study.tell(trial, state=TrialState.PRUNED)
         epoch = max(reported)
         line = f"pruned after epoch {epoch} ({sweep.metric} {reported[epoch]:.4f})"
-        _tell_run(sweep_dir / name, f"the sweep {line}")
-        print(f"{name}: {line}", file=sys.stderr)
+        _tell_run(runs, f"the sweep {line}")
+        print(f"{runs.name}: {line}", file=sys.stderr)
         return "PRUNED"
     best = _best(reported, sweep.direction)
     if best is None:
-        _tell_run(sweep_dir / name, f"the sweep failed it: {sweep.metric} was never logged in validation")
+        _tell_run(runs, f"the sweep failed it: {sweep.metric} was never logged in validation")
         return _fail(study, trial, f"{sweep.metric} was never logged in validation")
     study.tell(trial, best)
-    print(f"{name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
+    print(f"{runs.name}: {sweep.metric} {best:.4f} ({describe(values)})", file=sys.stderr)
     return "COMPLETE"
 
 

@@ -155,6 +155,23 @@ def _note_config(folder: Path, before: set[Path], config: str) -> None:
         (new / CONFIG_FILE).write_text(config)
 
 
+def _done_before(name: str, done: Path) -> Path:
+    """A run that completed with the same config: skipped, saying so, and saying when its weights are lost."""
+    print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
+    if broken := broken_archives(folders.layout(done).checkpoints):
+        print(f"{name}: its checkpoints {', '.join(broken)} no longer load (truncated or overwritten): its numbers "
+              f"stand, its weights are lost; delete {done} to train it again", file=sys.stderr)  # fmt: skip
+    return done
+
+
+def _train(args: list[str], runs: Path, own_process: bool) -> None:
+    """``kiln fit <args>``, in this process or its own (DDP)."""
+    if own_process:
+        fit_process(args, runs_under=runs)
+    else:
+        fit(args, inside="kiln multirun")
+
+
 def _one_run(
     name: str, run: list[str], root: Path, tested: bool, own_process: bool, cell_runs: dict[str, list[Path]],
     failed: list[str],
@@ -166,11 +183,7 @@ def _one_run(
     config = resolved_config(run)
     done, other = finished(root / name, tested, config)
     if done is not None:
-        print(f"{name}: done before with the same config ({done}), skipped", file=sys.stderr)
-        if broken := broken_archives(folders.layout(done).checkpoints):
-            print(f"{name}: its checkpoints {', '.join(broken)} no longer load (truncated or overwritten): its "
-                  f"numbers stand, its weights are lost; delete {done} to train it again", file=sys.stderr)  # fmt: skip
-        return done
+        return _done_before(name, done)
     cut = stopped(root / name, config)
     if cut is not None:  # a stop cut it short: it goes on from its last.ckpt, in its own folder
         print(f"{name}: resuming the run a stop cut short ({cut}) from its last.ckpt", file=sys.stderr)
@@ -181,12 +194,6 @@ def _one_run(
     resume = [f"--ckpt_path={folders.layout(cut).last}"] if cut is not None else []  # any job's: a cancelled task's
     args = [*run, *quiet, *resume]
 
-    def train() -> None:
-        if own_process:
-            fit_process(args, runs_under=root / name)
-        else:
-            fit(args, inside="kiln multirun")
-
     def on_stop() -> None:
         _note_config(root / name, before, config)  # the same command resumes it
         _sum_up_stopped(name, root, cell_runs)
@@ -196,7 +203,7 @@ def _one_run(
         failed.append(name)
 
     failures_before = len(failed)
-    under_policy(name, train, on_failure, on_stop)
+    under_policy(name, lambda: _train(args, root / name, own_process), on_failure, on_stop)
     if len(failed) > failures_before:
         return None
     _note_config(root / name, before, config)
