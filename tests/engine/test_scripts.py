@@ -209,6 +209,7 @@ def test_sweep_sbatch_array_tasks_share_one_study_on_a_real_slurm_and_run_each_t
     assert sorted(ran) == ["trial-0000", "trial-0001", "trial-0002"]  # each by one task
 
 
+@pytest.mark.slow  # a SLURM cluster of its own
 def test_slurm_tells_a_sweep_which_array_task_lives_and_stopping_the_engine_ends_its_jobs_alone(
     slurm_conf: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
