@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import UsageError
+from kiln.runs.folders import run_of
 from kiln.runs.picking import Pick, best_checkpoint, latest_checkpoint, own_run
 
 PASSED_ON = (None, "hpc")  # Lightning's own: no checkpoint, or SLURM's requeue state
@@ -45,7 +46,7 @@ def resolve(given: str, root: str | Path, name: str, subcommand: str, pick: Pick
             raise UsageError(f"--ckpt_path last: no checkpoint under {where}; name the file, or train first")
         if last is None:
             print(f"no checkpoint under {where}: starting a new run", file=sys.stderr)
-        return Reference(last, own_run(last, root, name) if last else None)
+        return Reference(last, run_of(last) if last else None)  # found under root/name: its own run's
     if wandb_checkpoints.names_a_version(given):
         return Reference(wandb_checkpoints.resolve(given, root), version=given)
     return Reference(Path(given), own_run(given, root, name) if subcommand == "fit" else None)

@@ -23,7 +23,7 @@ from kiln.commands.sweep.inprocess import describe, fit, fit_process, under_poli
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
 from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
-from kiln.commands.sweep.study import OWNER, beating, claim, open_study, orphans, others_running, storage_for
+from kiln.commands.sweep.study import HEARTBEAT, OWNER, beating, claim, open_study, orphans, others_running, storage_for
 from kiln.errors import AlreadyFinished, KilnError, UsageError
 from kiln.files import dump_yaml
 from kiln.process import stop_signals
@@ -191,16 +191,21 @@ def wait_for_others(study: Any, sweep: Sweep, sweep_dir: Path, storage: str | No
     """Stay while other drivers run trials, resuming any whose driver dies: a worker that exited as soon as it had
     nothing to start left a dead worker's trial RUNNING, for a driver started much later."""
     poll = min(5.0, sweep.stale_after / 5)  # a worker leaves within seconds of the last trial
+    check = min(HEARTBEAT, sweep.stale_after / 5)  # orphans (squeue for SLURM tasks): as often as a heartbeat beats
     if running := others_running(study):
         names = ", ".join(trial_name(t) for t in running)
         print(f"{sweep.name}: waiting for {names}, which other drivers run: one whose driver dies is resumed here "
               f"({sweep.stale_after:g} s after its last heartbeat)", file=sys.stderr)  # fmt: skip
-    while others_running(study):
+    due = time.monotonic() + check
+    while running:
         until = time.monotonic() + poll
         while time.monotonic() < until:  # a stop signal ends the wait within a second
             stop_signals.stop_here(f"{BETWEEN} (it was waiting for other drivers' trials)")
             time.sleep(min(1.0, poll))
-        resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)
+        if time.monotonic() >= due:
+            resume_orphans(study, sweep, sweep_dir, storage, subprocess_trials)
+            due = time.monotonic() + check
+        running = others_running(study)
 
 
 def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_trials: bool = False) -> Any:
