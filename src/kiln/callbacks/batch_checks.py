@@ -54,15 +54,10 @@ def check_batch(
     one sample's shape as the data declares it; ``channels`` what the network takes, if it says.
     """
     x, y = batch
-    if not isinstance(x, Tensor) or x.ndim < 2:
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise HealthCheckError(f"{where}: inputs have shape {shape}, expected (batch, ...)")
-    if x.dtype == torch.uint8:  # integer ids are int64 (or int32); bytes are pixels nobody scaled
-        raise HealthCheckError(f"{where}: inputs have dtype torch.uint8 (raw pixels?): convert them to float and "
-                               "normalise them")  # fmt: skip
-    if problem := _shape_problem(x, input_shape, channels):
-        raise HealthCheckError(f"{where}: {problem}")
-    _non_finite(x, "inputs", where)
+    if isinstance(x, list | tuple | Mapping):  # several inputs, or samples of different sizes: no batch shape
+        check_tensors(x, where, "input")
+    else:
+        _check_inputs(x, where, input_shape, channels)
     if not isinstance(y, Tensor):
         return []
     _non_finite(y, "targets", where)
@@ -80,12 +75,26 @@ def check_batch(
     return warnings
 
 
-def check_tensors(batch: Any, where: str) -> None:
-    """A batch that is not an ``(inputs, targets)`` pair: NaN/Inf in any float tensor it holds."""
-    found = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else [batch]
-    for i, value in enumerate(found):
-        if isinstance(value, Tensor):
-            _non_finite(value, f"its tensor {i}", where)
+def _check_inputs(x: Any, where: str, input_shape: Sequence[int] | None, channels: int | None) -> None:
+    """Stop on inputs that are not a batch tensor of the declared shape, raw bytes, or hold NaN/Inf."""
+    if not isinstance(x, Tensor) or x.ndim < 2:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise HealthCheckError(f"{where}: inputs have shape {shape}, expected (batch, ...)")
+    if x.dtype == torch.uint8:  # integer ids are int64 (or int32); bytes are pixels nobody scaled
+        raise HealthCheckError(f"{where}: inputs have dtype torch.uint8 (raw pixels?): convert them to float and "
+                               "normalise them")  # fmt: skip
+    if problem := _shape_problem(x, input_shape, channels):
+        raise HealthCheckError(f"{where}: {problem}")
+    _non_finite(x, "inputs", where)
+
+
+def check_tensors(batch: Any, where: str, name: str = "tensor") -> None:
+    """A batch that is not one tensor (a dict, a list of samples of different sizes): NaN/Inf in any float one."""
+    found = batch.items() if isinstance(batch, Mapping) else enumerate(batch if isinstance(batch, list | tuple)
+                                                                         else [batch])  # fmt: skip
+    for key, value in found:
+        if isinstance(value, Tensor) and torch.is_floating_point(value) and not bool(torch.isfinite(value).all()):
+            raise HealthCheckError(f"{where}: {name} {key} holds NaN/Inf")
 
 
 class BatchSanityCheck(Callback):

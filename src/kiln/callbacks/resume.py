@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.data import extract_batch_size
 
 from kiln.callbacks import metric_states
 from kiln.console import say
@@ -56,6 +55,14 @@ def relocated(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
     return moved
 
 
+def samples_per_batch(loader: Any) -> int | None:
+    """The samples of each batch of a training loader but its last: its ``batch_size``, or its batch sampler's;
+    None for one whose batches vary (a guess from a batch's tensors miscounts a list of samples)."""
+    size = getattr(loader, "batch_size", None)
+    size = size if size is not None else getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
 class ExactResume(Callback):
     """Saves RNG states, the position in the epoch's data order and the module's metric states; restores them.
 
@@ -71,7 +78,7 @@ class ExactResume(Callback):
     def __init__(self) -> None:
         self._pending: dict[str, Any] | None = None
         self._trainer: Trainer | None = None
-        self._position = (0, 0)  # (epoch, samples of it this rank trained on) a checkpoint saved now resumes at
+        self._position: tuple[int, int | None] = (0, 0)  # (epoch, samples this rank trained on) a save resumes at
         self._before_validation: dict[str, int] = {}  # metric update counts as this validation began
         self._metrics_epoch: int | None = None  # the epoch of the metric states a resume put back
 
@@ -85,7 +92,11 @@ class ExactResume(Callback):
         # after the epoch's last batch, a checkpoint (e.g. at validation end) resumes with a new epoch
         epoch, (done_epoch, done) = trainer.current_epoch, self._position
         done = done if done_epoch == epoch else 0
-        self._position = (epoch + 1, 0) if trainer.is_last_batch else (epoch, done + extract_batch_size(batch))
+        size = samples_per_batch(trainer.train_dataloader)
+        if trainer.is_last_batch:
+            self._position = (epoch + 1, 0)
+        else:  # a loader without a batch size of its own: where in the epoch is unknown (None), never guessed
+            self._position = (epoch, done + size if size is not None and done is not None else None)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
@@ -123,6 +134,10 @@ class ExactResume(Callback):
         self._pending = state_dict["rng"]
         self._position = (state_dict["epoch"], state_dict["samples"])
         data, (epoch, samples) = datamodule(self._trainer), (state_dict["epoch"], state_dict["samples"])
+        if samples is None:
+            say(f"the training loader has no batch_size (a batch_sampler of its own), so where in epoch {epoch} the "
+                "run stopped is unknown: the epoch starts over from its first sample, not an exact resume")  # fmt: skip
+            samples = 0
         if isinstance(data, ResumesMidEpoch):
             data.resume_at(epoch, samples)
         elif samples:

@@ -16,7 +16,6 @@ from jsonargparse import ArgumentError, Namespace
 from jsonargparse._actions import _ActionPrintConfig  # README: private APIs
 from jsonargparse.typing import PositiveInt
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.cli import _InstantiatorFn as _InstantiatorFn  # README: private APIs
 from lightning.pytorch.loggers import WandbLogger
@@ -24,11 +23,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from kiln import console
 from kiln.callbacks.last import finished_training
+from kiln.callbacks.monitored import MonitoredKeys
 from kiln.callbacks.non_finite import NonFiniteGuard
 from kiln.callbacks.preemption import PreemptionCheckpoint
 from kiln.callbacks.spawned_ranks import SpawnedRanks
+from kiln.cli.callback_list import chosen_callbacks
 from kiln.cli.class_switch import carried_over, own_defaults
-from kiln.cli.classes import import_class, is_a
 from kiln.cli.config_errors import check_config_files, describe, sources
 from kiln.cli.configs import config_dir
 from kiln.cli.devices import (
@@ -60,10 +60,10 @@ from kiln.cli.resume_check import (
     refuse_dropped_average,
     refuse_fewer_epochs,
 )
-from kiln.cli.run_paths import RunPaths, class_nodes
+from kiln.cli.run_paths import RunPaths
 from kiln.cli.whole_numbers import keep_whole_numbers
 from kiln.console import quiet_lightning
-from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError, nearest
+from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values
@@ -395,24 +395,7 @@ class KilnCLI(LightningCLI):
             print(notice, file=sys.stderr)
         if config.run.cpu_threads is not None:
             torch.set_num_threads(config.run.cpu_threads)
-        callbacks = [node for _, node in class_nodes(config.trainer.callbacks, ())]
-        # callbacks the Trainer flags turn off: Lightning would refuse to start with them listed
-        flags: dict[type, tuple[bool, str]] = {
-            LearningRateMonitor: (not config.trainer.logger, "trainer.logger is false"),
-            ProgressBar: (config.trainer.enable_progress_bar is False, "trainer.enable_progress_bar is false"),
-            ModelSummary: (config.trainer.enable_model_summary is False, "trainer.enable_model_summary is false"),
-        }
-        kept = []
-        named = _named_callbacks(config.run.without, callbacks)
-        for callback in callbacks:
-            why = next((why for base, (off, why) in flags.items() if off and is_a(callback, base)), None)
-            if why is None and callback in named:
-                why = "run.without names it"
-            if why is None:
-                kept.append(callback)
-            else:
-                console.LOG.info(f"{callback.class_path.rsplit('.', 1)[-1]}: left out, as {why}")
-        config.trainer.callbacks = _later_replaces(kept)
+        config.trainer.callbacks = chosen_callbacks(config)
 
     def instantiate_classes(self) -> None:
         try:
@@ -423,6 +406,7 @@ class KilnCLI(LightningCLI):
             raise
         stop_signals.reclaim()  # the Trainer's MPI detection may have taken SIGUSR1 over
         self.trainer.callbacks.extend(self.extra_callbacks)  # type: ignore[attr-defined]
+        self.trainer.callbacks.insert(0, MonitoredKeys())  # type: ignore[attr-defined]  # before what saves or stops
         for callback in self.trainer.callbacks if self.inside else ():  # type: ignore[attr-defined]
             if isinstance(callback, PreemptionCheckpoint):  # the sweep or multirun says how it goes on
                 callback.hint = ""
@@ -531,37 +515,6 @@ def argv_hidden() -> Iterator[None]:
         yield
     finally:
         sys.argv[1:] = command
-
-
-def _later_replaces(callbacks: list[Namespace]) -> list[Namespace]:
-    """Of the callbacks Lightning takes one of (a progress bar, a model summary), the last listed (``callbacks+``
-    adds after the defaults) replaces those before it: Lightning refused two bars and printed two summaries."""
-    kept = list(callbacks)
-    for base in (ProgressBar, ModelSummary):
-        same = [c for c in kept if is_a(c, base)]
-        for replaced in same[:-1]:
-            kept.remove(replaced)
-            gone, last = (c.class_path.rsplit(".", 1)[-1] for c in (replaced, same[-1]))
-            console.LOG.info(f"{gone}: left out, as {last} comes after it (Lightning takes one {base.__name__})")
-    return kept
-
-
-def _named_callbacks(names: list[str], callbacks: list[Namespace]) -> list[Namespace]:
-    """The callbacks ``run.without`` names (by class name, path, or a base class's path); a name that
-    matches none stops in one line listing the names there are."""
-    found = []
-    for name in names:
-        base = import_class(name) if "." in name else None
-        matches = [
-            c for c in callbacks
-            if name in (c.class_path, c.class_path.rsplit(".", 1)[-1]) or (isinstance(base, type) and is_a(c, base))
-        ]  # fmt: skip
-        if not matches:
-            there = sorted({c.class_path.rsplit(".", 1)[-1] for c in callbacks})
-            hint = nearest(name.rsplit(".", 1)[-1], there)
-            raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
-        found += matches
-    return found
 
 
 def build_cli(

@@ -34,7 +34,16 @@ def internal_error(err: BaseException) -> str:
     for cause in causes(err):  # jsonargparse wraps an error a user class's __init__ raised in its own ValueError
         if (yours := _raised_in_user_code(cause)) is not None:
             return f"{yours}; {where}"
+        if _lightnings_refusal(cause):  # raised in Lightning's frames, about what the user gave it
+            return f"Lightning refused your module, data or config: {(str(cause) or '?').splitlines()[0]}; {where}"
     return f"internal error ({type(err).__name__}: {first}); {where}; please report it"
+
+
+def _lightnings_refusal(err: BaseException) -> bool:
+    """Lightning's ``MisconfigurationException``: its checks of the module, datamodule, loaders and Trainer settings
+    it was given (a DataLoader it cannot rebuild, a monitored key never logged), not a fault of kiln's."""
+    kind = type(err)
+    return kind.__name__ == "MisconfigurationException" and kind.__module__.startswith("lightning")
 
 
 def _raised_in_user_code(err: BaseException) -> str | None:

@@ -100,7 +100,7 @@ def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: 
                 "--trainer.max_epochs", "-1", "--trainer.limit_val_batches", "0", "--non_finite.action", "off",
                 "--trainer.num_sanity_val_steps", "0", "--trainer.enable_progress_bar", "false",
                 "--trainer.enable_model_summary", "false",
-                "--run.without", "[ModelCheckpoint, LastCheckpoint, BatchGrid, GradNormMonitor]"]  # fmt: skip
+                "--trainer.enable_checkpointing", "false", "--run.without", "[BatchGrid, GradNormMonitor]"]  # fmt: skip
     try:
         with global_rngs_kept(), argv_hidden():
             cli = build_cli([*fit_args, *settings], run=False)

@@ -1,0 +1,83 @@
+"""Which configured callbacks a run gets: those the Trainer's flags turn off and those ``run.without`` names
+are left out, each said in one line; of two that Lightning takes one of, the later replaces the earlier."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelSummary, ProgressBar
+
+from kiln import console
+from kiln.cli.classes import import_class, is_a
+from kiln.cli.run_paths import class_nodes
+from kiln.errors import UsageError, nearest
+
+
+def chosen_callbacks(config: Namespace) -> list[Namespace]:
+    """``config.trainer.callbacks`` less what is left out; ``run.without`` is then emptied, so the saved config
+    (``config.yaml``, a sweep's ``best.yaml``) lists what ran and a rerun of it leaves nothing out twice."""
+    callbacks = [node for _, node in class_nodes(config.trainer.callbacks, ())]
+    trainer = config.trainer
+    flags: dict[type, tuple[bool, str]] = {  # Lightning would refuse to start with them listed
+        LearningRateMonitor: (not trainer.logger, "trainer.logger is false"),
+        ProgressBar: (trainer.enable_progress_bar is False, "trainer.enable_progress_bar is false"),
+        ModelSummary: (trainer.enable_model_summary is False, "trainer.enable_model_summary is false"),
+        Checkpoint: (trainer.enable_checkpointing is False, "trainer.enable_checkpointing is false"),
+    }
+    named, replacing = _named(config.run.without, callbacks)
+    kept = []
+    for callback in callbacks:
+        why = next((why for base, (off, why) in flags.items() if off and is_a(callback, base)), None)
+        why = why or named.get(id(callback))
+        if why is None and id(callback) not in replacing.values():
+            kept.append(callback)
+        elif why is not None:
+            console.LOG.info(f"{_name(callback)}: left out, as {why}")
+            kept += [r for r in callbacks if replacing.get(id(callback)) == id(r)]  # in its place: hooks run in order
+    config.run.without = []
+    return _later_replaces(kept)
+
+
+def _name(callback: Namespace) -> str:
+    return str(callback.class_path).rsplit(".", 1)[-1]
+
+
+def _named(names: list[str], callbacks: list[Namespace]) -> tuple[dict[int, str], dict[int, int]]:
+    """Why each callback ``run.without`` names is left out (by class name, path, or a base class's path), and which
+    replaces which: of several of one class, the last stays (a ``callbacks+`` added it, after the defaults, to replace
+    them) in the first one's place. A name that matches none stops in one line listing the names there are."""
+    found: dict[int, str] = {}
+    replacing: dict[int, int] = {}
+    for name in names:
+        base = import_class(name) if "." in name else None
+        matches = [
+            c for c in callbacks
+            if name in (c.class_path, _name(c)) or (isinstance(base, type) and is_a(c, base))
+        ]  # fmt: skip
+        if not matches:
+            there = sorted({_name(c) for c in callbacks})
+            hint = nearest(name.rsplit(".", 1)[-1], there)
+            raise UsageError(f"run.without: no callback {name} in trainer.callbacks ({', '.join(there)}){hint}")
+        same: dict[str, list[Namespace]] = defaultdict(list)
+        for callback in matches:
+            same[callback.class_path].append(callback)
+        for group in same.values():
+            why = "run.without names it" + (f"; the {_name(group[-1])} added after it replaces it" if group[1:] else "")
+            found |= {id(c): why for c in group[:-1] or group}
+            replacing |= {id(group[0]): id(group[-1])} if group[1:] else {}
+    return found, replacing
+
+
+def _later_replaces(callbacks: list[Any]) -> list[Any]:
+    """Of the callbacks Lightning takes one of (a progress bar, a model summary), the last listed (``callbacks+``
+    adds after the defaults) replaces those before it: Lightning refused two bars and printed two summaries."""
+    kept = list(callbacks)
+    for base in (ProgressBar, ModelSummary):
+        same = [c for c in kept if is_a(c, base)]
+        for replaced in same[:-1]:
+            kept.remove(replaced)
+            console.LOG.info(f"{_name(replaced)}: left out, as {_name(same[-1])} comes after it (Lightning takes one "
+                             f"{base.__name__})")  # fmt: skip
+    return kept
