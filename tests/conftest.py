@@ -11,6 +11,9 @@ import pytest
 
 from kiln.testing import INHERITED_ENV
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests/skips.py: the list of what skipped, at the end of a run
+from skips import note_skip, pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
+
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -56,6 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With ``KILN_FAILURES`` set (scripts/gpu_check.sh), each failure is appended to that file as it happens: a run
     cut short at a lent machine's time limit still says why each test failed (xdist prints them only at the end)."""
+    note_skip(report)
     path = os.environ.get("KILN_FAILURES")
     if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
         with open(path, "a") as out:

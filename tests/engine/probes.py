@@ -354,3 +354,12 @@ class Untested(Classifier):
     """A module without test_step (Lightning's own check: the attribute is None or not overridden)."""
 
     test_step = None  # type: ignore[assignment]
+
+
+class FirstSteps(Callback):
+    """Appends the step each process starts training at to ``first_steps.txt`` in the run folder: a resume starts
+    where the run stopped, a retrain at 0."""
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        with (Path(trainer.default_root_dir) / "first_steps.txt").open("a") as f:
+            f.write(f"{trainer.global_step}\n")

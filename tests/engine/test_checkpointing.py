@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -176,14 +177,18 @@ def test_a_finished_run_whose_test_never_completed_is_tested_not_retrained(capsy
     args = ["fit", *LIMIT, "--trainer.logger", "false", "--ckpt_path", "last"]
     first = build_cli(args)
     run_dir = Path(first.trainer.default_root_dir)
+    first_metrics = (run_dir / "metrics.json").read_text()
     capsys.readouterr()
     main(args)
     assert "training finished at epoch 2, step 10; tested): nothing to do" in capsys.readouterr().err
     (run_dir / "metrics.json").unlink()  # as if the test after fit had been stopped
+    saved = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "checkpoints").iterdir()}
     again = build_cli(args)
     assert again.test_metrics is not None and (run_dir / "metrics.json").is_file()
-    assert again.trainer.global_step == 10  # nothing trained
-    assert load_checkpoint_file(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 10
+    # nothing trained: a retrain (from scratch, too) writes every checkpoint anew, and would test its own weights
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "checkpoints").iterdir()} == saved
+    tested = json.loads((run_dir / "metrics.json").read_text())["test"]
+    assert [t["metrics"] for t in tested] == [t["metrics"] for t in json.loads(first_metrics)["test"]]
 
 
 @pytest.mark.parametrize(

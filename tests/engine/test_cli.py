@@ -243,6 +243,8 @@ def test_evaluation_subcommands_load_a_checkpoint(subcommand: str) -> None:
     metrics = evaluated.trainer.callback_metrics
     stage = "val" if subcommand == "validate" else "test"
     assert f"{stage}/acc" in metrics and f"{stage}/loss" in metrics
+    scored, trained = evaluated.model.state_dict(), torch.load(ckpt, weights_only=True)["state_dict"]
+    assert all(torch.equal(scored[k], v) for k, v in trained.items())  # the checkpoint's weights, not new ones
     # the same weights give the same validation loss as at the end of fit
     if subcommand == "validate":
         assert float(metrics["val/loss"]) == pytest.approx(float(fit.trainer.callback_metrics["val/loss"]), rel=1e-5)

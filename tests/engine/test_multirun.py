@@ -163,7 +163,8 @@ def test_a_stopped_multirun_sums_up_what_finished_and_another_array_tasks_rerun_
     last.ckpt", then "no checkpoint under …: starting a new run", and trained it anew beside the cut folder."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=7",
-             "--trainer.callbacks.only_in=seed1", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+             "--trainer.callbacks.only_in=seed1", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
+             "--trainer.callbacks+=probes.FirstSteps"]  # fmt: skip
     command = ["multirun", "--seeds", "0-1", "--", *LIMIT, *QUIET, *probe]
     monkeypatch.setenv("SLURM_JOB_ID", "101")
     with pytest.raises(SystemExit) as stop:
@@ -182,6 +183,7 @@ def test_a_stopped_multirun_sums_up_what_finished_and_another_array_tasks_rerun_
     assert f"resuming from {cut / 'checkpoints' / 'last.ckpt'}" in err and "no checkpoint under" not in err
     assert list(root.glob("base/seed1/*")) == [cut] == [root / "base" / "seed1" / "job-101"]
     assert json.loads((cut / "metrics.json").read_text())["global_step"] == 10  # in its own folder, to the end
+    assert (cut / "first_steps.txt").read_text().split() == ["0", "7"]  # resumed at the stop's step, not retrained
     with (root / "results.csv").open() as f:
         assert {int(r["n"]) for r in csv.DictReader(f)} == {2}
     monkeypatch.delenv("SLURM_JOB_ID")

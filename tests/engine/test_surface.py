@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = {"kiln", "kiln.cli", "kiln.commands.boundary", "kiln.console", "kiln.data", "kiln.errors", "kiln.results",
+PUBLIC = {"kiln", "kiln.cli", "kiln.cli.from_checkpoint", "kiln.commands.boundary", "kiln.console", "kiln.data",
+          "kiln.errors", "kiln.results",
           "kiln.runs.figures", "kiln.testing", "kiln.training.schedules"}  # fmt: skip
 
 
