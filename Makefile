@@ -32,7 +32,7 @@ SUITE = $(if $(wildcard tests/engine),tests/engine,)
 PRESETS = $(if $(EXP),-c configs/experiment/$(EXP).yaml) $(if $(TRAINER),-c configs/trainer/$(TRAINER).yaml) \
           $(if $(LOGGER),-c configs/logger/$(LOGGER).yaml) $(if $(DEBUG),-c configs/debug/$(DEBUG).yaml)
 
-.PHONY: help install add train sweep test test-fast test-gpu gpu-check gpu-wheels lint format typecheck notebook bench clean
+.PHONY: help install add train sweep test test-fast test-gpu gpu-check gpu-wheels lint format typecheck notebook bench mutants clean
 
 help: ## Show this list of targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -84,6 +84,10 @@ typecheck: ## Check types with mypy
 
 bench: ## Benchmark the template against a raw PyTorch loop (benchmarks/README.md)
 	$(UV) run --no-sync python benchmarks/bench.py --update-readme
+
+mutants: ## Break the engine on purpose, one promise at a time, and check a test fails for each (tests/engine/mutants.py)
+	@test -d tests/engine || { echo "make mutants: the engine's suite is the template's (tests/engine)"; exit 2; }
+	$(UV) run --no-sync python tests/engine/mutants.py
 
 notebook: ## Start JupyterLab in notebooks/ with the project's environment as the kernel
 	$(UV) run --no-sync jupyter lab notebooks/

@@ -82,7 +82,7 @@ def test_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(capsys: pytest.C
     assert len(errors) == 1 and errors[0].startswith("error: model.scheduler_interval: epoch steps WarmupCosineLR")
 
 
-def test_a_model_built_in_python_trains_like_the_default_config() -> None:
+def test_a_model_built_in_python_gets_the_default_configs_optimizer_and_schedule() -> None:
     models = [build_cli(run=False).model, Classifier(net=SmallCNN(), num_classes=10)]
     optimizers = [m.optimizer_factory([torch.nn.Parameter(torch.zeros(1))]) for m in models]
     assert type(optimizers[0]) is type(optimizers[1]) and optimizers[0].defaults == optimizers[1].defaults

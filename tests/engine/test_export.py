@@ -122,14 +122,19 @@ def test_exporting_a_recurrent_net_prints_a_few_lines_not_torchs_warnings(tmp_pa
     assert len(lines) <= 6 and "FutureWarning" not in done.stderr and lines[-1].startswith("exported to")
 
 
-def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_line(tmp_path: Path) -> None:
+def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     (tmp_path / "served").mkdir()
     with pytest.raises(SystemExit) as stop:
         main(["export", "--ckpt_path", "x.ckpt", "--format", "tflite"])
     assert stop.value.code == 2
+    assert capsys.readouterr().err == "error: kiln export: --format 'tflite': give onnx or pt2 (comma-separated)\n"
     with pytest.raises(SystemExit) as stop:
         main(["export", "--ckpt_path", "x.ckpt", "--output", str(tmp_path / "served")])
     assert stop.value.code == 2 and not any((tmp_path / "served").iterdir())
+    said = capsys.readouterr().err
+    assert said == f"error: kiln export: {tmp_path / 'served'} exists; remove it or give another --output\n"
 
 
 def test_infer_refuses_a_model_of_token_ids_in_one_line(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -224,5 +225,8 @@ def test_two_multiruns_on_one_folder_train_each_run_once_and_both_aggregate_all(
     root = tmp_path / "runs" / "multirun" / "multirun"
     trained = {seed: [p for p in (root / "base" / f"seed{seed}").iterdir() if p.is_dir()] for seed in range(4)}
     assert all(len(runs) == 1 for runs in trained.values()), trained  # once each, by one or the other
-    with (root / "results.csv").open() as f:  # the one written last; each multirun's table had all four
+    with (root / "results.csv").open() as f:  # the one written last
         assert {int(r["n"]) for r in csv.DictReader(f)} == {4}
+    for said in errors:  # each multirun's own table: every row over all four runs, its own and the other's
+        counts = re.findall(r"^│ base +│.*│ +(\d+) │$", said, re.MULTILINE)
+        assert counts and set(counts) == {"4"}, said[-2000:]

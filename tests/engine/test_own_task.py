@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 import yaml
@@ -138,10 +139,11 @@ data: {class_path: task.ListImages, init_args: {batch_size: 6}}
 
 
 def kiln(folder: Path, *args: str | Path) -> subprocess.CompletedProcess:
-    """``kiln`` in a process of its own, in ``folder``, with the task importable as a project's code is."""
+    """``kiln`` in a process of its own, in ``folder``, with the task importable as a project's code is (forked from
+    the suite's preloaded server: a stop, its line, code and resume as a real process's, test_forkserver.py)."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join([str(folder), PROBES])}
     command = [sys.executable, "-m", "kiln", *map(str, args)]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    return forkserver.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture

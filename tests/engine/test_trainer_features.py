@@ -317,6 +317,7 @@ def test_gpu_compile_channels_last_bf16() -> None:
     assert cli.test_metrics is not None and cli.test_metrics["test/acc"] >= 0.98
     assert cli.model._compiled_call_impl is not None
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in cli.model.parameters() if p.ndim == 4)
+    assert cli.trainer.precision == "bf16-mixed"  # the GPU preset's autocast, under compile and channels-last
 
 
 @pytest.mark.gpu

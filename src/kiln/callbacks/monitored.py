@@ -31,6 +31,8 @@ class MonitoredKeys(Callback):
 
     def _check(self, trainer: Trainer, only_validation: bool) -> None:
         logged = sorted(trainer.callback_metrics)
+        if not logged:  # no batch ran (an empty shard), or the module logs nothing: Lightning's own check decides
+            return
         for callback in trainer.callbacks:  # type: ignore[attr-defined]
             key = getattr(callback, "monitor", None)
             if not isinstance(key, str) or key in logged or (only_validation and not key.startswith("val")):
@@ -39,5 +41,5 @@ class MonitoredKeys(Callback):
             how = REPLACE if name == "ModelCheckpoint" else f"give the {name} another monitor"
             raise ConfigError(
                 f"{name} monitors {key}, which the module does not log (it logged "
-                f"{', '.join(logged) or 'nothing'}): log it with self.log('{key}', …), or monitor another key ({how})"
+                f"{', '.join(logged)}): log it with self.log('{key}', …), or monitor another key ({how})"
             )
