@@ -117,7 +117,7 @@ RUN: list[tuple[str, Rule]] = [
     (r"^kiln tune lr -- ", lambda c, p: kiln(c) + " --trainer.limit_train_batches 5"),
     (r"^kiln fit -c configs/experiment/digits.yaml -c runs/digits/<tune>/tuned.yaml$", lambda c, p: kiln(c).replace(
         "runs/digits/<tune>", str(Path(newest(p, "runs/digits/tune-*/tuned.yaml")).parent)) + f" {LIMIT}"),
-    (r"^make (install|test|test-fast|test-gpu|lint|format|typecheck|bench|gpu-check)$", lambda c, p: c.replace(
+    (r"^make (install|test|test-fast|test-gpu|lint|format|typecheck|bench|gpu-check|mutants)$", lambda c, p: c.replace(
         "make ", "make -n ", 1)),  # the target exists and resolves (CI runs them: .ci/run, ci.yml)
 ]  # fmt: skip
 SKIPPED = {  # README line -> why it does not run here
