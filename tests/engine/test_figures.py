@@ -3,9 +3,11 @@ names on Optuna's plots; checked on the figure's own text objects (what the PNG 
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
+import numpy as np
 import optuna
 import torch
 from PIL import Image
@@ -49,6 +51,23 @@ def test_batch_grid_captions_are_whole_labels_wrapped_to_the_cell(tmp_path: Path
     assert [t for t in figures.texts(signals) if t in ("up", "down", "flat")] == ["up", "down", "flat"]
 
 
+def test_every_figure_shows_in_a_notebook_as_a_picture_with_content() -> None:
+    """IPython shows nothing of a figure without axes: the quickstart's batch grid, predictions and mistakes cells
+    printed `<Figure size 880x256 with 0 Axes>`, and the notebook still passed."""
+    from IPython.core.pylabtools import print_figure
+
+    drawn = {
+        "image grid": figures.image_grid(torch.rand(4, 1, 8, 8), list("abcd")),
+        "signal grid": figures.signal_grid(torch.randn(3, 2, 20), ["up", "down", "flat"]),
+        "confusion matrix": figures.confusion_figure(torch.eye(3, dtype=torch.long) * 5, ["a", "b", "c"]),
+    }
+    for name, figure in drawn.items():
+        png = print_figure(figure)  # what a notebook cell's output holds
+        assert png, f"{name}: nothing shown"
+        grey = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float32)
+        assert grey.std() > 10, f"{name}: a blank picture"
+
+
 def test_sweep_pictures_are_optunas_with_the_metric_and_full_parameter_names(tmp_path: Path) -> None:
     lr, width = "model.init_args.optimizer.init_args.lr", "model.init_args.net.init_args.width"
     space = [Param(lr, "float", 1e-4, 1e-1, log=True), Param(width, "categorical", choices=[8, 16])]
@@ -60,6 +79,12 @@ def test_sweep_pictures_are_optunas_with_the_metric_and_full_parameter_names(tmp
     for figure in drawn.values():
         shown = " ".join(figures.texts(figure))
         assert "sweep tiny, val/acc (maximize)" in shown and "val/acc" in shown
+        (axes,) = figure.axes  # one title (Optuna's left one and kiln's centred one were drawn over each other)
+        assert not any(axes.get_title(loc=loc) for loc in ("left", "center", "right"))
+        renderer, edge = figure.canvas.get_renderer(), figure.bbox.width
+        for text in [figure.get_suptitle() and figure._suptitle, *axes.get_yticklabels()]:  # inside the picture: the
+            extent = text.get_window_extent(renderer)  # parameters' full keys were cut at its left edge
+            assert extent.x0 >= 0 and extent.x1 <= edge, text.get_text()
     assert lr in figures.texts(drawn["importance"]) and width in figures.texts(drawn["importance"])
     written = write_pictures(study, sweep, tmp_path)
     assert [p.name for p in written] == ["history.png", "importance.png"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import forkserver
 import pytest
+import yaml
 from dataset_files import write_image_folder, write_mnist
 from helpers import PROBES
 from test_template import snapshot
@@ -140,6 +141,14 @@ def plan(command: str) -> Rule | str:
         if re.search(pattern, command):
             return rule
     raise AssertionError(f"README.md: no rule in tests/engine/test_readme.py runs or skips `{command}`: add one")
+
+
+def test_the_sweep_file_the_readme_shows_is_the_shipped_one() -> None:
+    """The README's copy had lost the shipped file's weight_decay range."""
+    shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)]
+    (readme,) = [b for b in shown if isinstance(b, dict) and b.get("name") == "digits" and "space" in b]
+    shipped = yaml.safe_load((ROOT / "configs" / "sweep" / "digits.yaml").read_text())
+    assert {key: readme.get(key) for key in shipped} == shipped  # every key the file has, as the file has it
 
 
 def test_every_readme_command_has_a_rule() -> None:

@@ -32,8 +32,8 @@ def _captions(labels: Sequence[str], cell: float) -> tuple[list[str], int]:
 
 
 def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: float = 1.1) -> Figure:
-    """Images in [0, 1] (N x C x H x W) tiled into one picture (placed pixel for pixel, with no axes: a grid of
-    axes cost more than the drawing), each under its full label; ``cell`` inches a tile. Three channels or more:
+    """Images in [0, 1] (N x C x H x W) tiled into one picture (one axes of the figure's size, pixel for pixel: a
+    grid of axes cost more than the drawing), each under its full label; ``cell`` inches a tile. Three channels or more:
     the first three as RGB; one or two: the first, grey."""
     import torch.nn.functional as F
     from matplotlib.figure import Figure
@@ -53,7 +53,9 @@ def image_grid(images: Tensor, labels: Sequence[str], columns: int = 8, cell: fl
         x, y = (i % columns) * size, (i // columns) * (size + title)  # pixels from the top left
         canvas[y + title + 2 : y + title + size - 2, x + 2 : x + size - 2] = tile.permute(1, 2, 0).numpy()
         figure.text((x + size / 2) / width, 1 - (y + title - 2) / height, caption, ha="center", va="bottom", fontsize=7)
-    figure.figimage(canvas, origin="upper")
+    axes = figure.add_axes((0, 0, 1, 1))  # IPython shows no figure without axes: figimage alone drew nothing there
+    axes.imshow(canvas, interpolation="nearest", aspect="auto")
+    axes.set_axis_off()
     return figure
 
 

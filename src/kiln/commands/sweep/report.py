@@ -110,9 +110,13 @@ def sweep_figures(study: Any, sweep: Sweep) -> dict[str, Any]:
                 ax = draw()
             except (RuntimeError, ValueError, UserWarning):  # too few distinct values to tell importances apart
                 continue
-            ax.set_title(f"{ax.get_title()}: sweep {sweep.name}, {sweep.metric} ({sweep.direction})")
+            title = " ".join(ax.get_title(loc=loc) for loc in ("left", "center") if ax.get_title(loc=loc))
+            for loc in ("left", "center"):  # Optuna titles one plot at the left, the other in the centre
+                ax.set_title("", loc=loc)
             figure: Any = ax.figure
             figure.set_size_inches(9, 4.5)
+            figure.suptitle(f"{title}: sweep {sweep.name}, {sweep.metric} ({sweep.direction})", x=0.01, ha="left")
+            figure.tight_layout()  # the title and the parameters' full keys inside the picture, none cut at an edge
             drawn[name] = figure
     return drawn
 
