@@ -121,7 +121,11 @@ def test_constant_labels_warn() -> None:
         ((torch.zeros(2), torch.zeros(2, dtype=torch.long)), r"shape \(2,\), expected \(batch, ...\)"),
         ((torch.full((2, 1, 8, 8), float("nan")), torch.zeros(2, dtype=torch.long)), r"NaN/Inf in samples \[0, 1\]"),
         ((torch.zeros(2, 1, 8, 8), torch.tensor([-1, 2])), r"label -1 of sample 0 is outside \[0, 10\)"),
-        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "but the data declares 10 classes: class labels are 1-D integers"),
+        ((torch.zeros(2, 1, 8, 8), torch.zeros(2)), "but the data declares 10 classes: class labels are integers"),
+        (
+            (torch.zeros(2, 1, 8, 8), torch.tensor([[[0, 1], [2, 12]]] * 2)),
+            r"label 12 of sample 0 at \(1, 1\) is outside",
+        ),
     ],
 )
 def test_check_batch_names_the_field(batch: tuple, match: str) -> None:
@@ -135,6 +139,15 @@ def test_check_batch_takes_token_ids_and_real_valued_targets_where_the_data_decl
     assert check_batch((torch.rand(4, 10), torch.randn(4) * 5), "train batch 0", None, input_shape=(10,)) == []
     with pytest.raises(HealthCheckError, match=r"targets contain NaN/Inf in samples \[1\]"):
         check_batch((torch.rand(4, 10), torch.tensor([1.0, float("nan"), 0.0, 2.0])), "train batch 0", None)
+
+
+def test_check_batch_takes_dense_class_labels_and_still_checks_the_inputs() -> None:
+    """A segmentation's (B, H, W) masks with num_classes declared were refused as "not 1-D integers"; the way out,
+    leaving the check out, lost the NaN and shape checks too."""
+    masks = torch.randint(0, 4, (2, 8, 8))
+    assert check_batch((torch.zeros(2, 3, 8, 8), masks), "val batch 0", num_classes=4, input_shape=(3, 8, 8)) == []
+    with pytest.raises(HealthCheckError, match=r"inputs contain NaN/Inf in samples \[0, 1\]"):
+        check_batch((torch.full((2, 3, 8, 8), float("nan")), masks), "val batch 0", num_classes=4)
 
 
 def test_check_batch_takes_any_declared_sample_shape_and_the_networks_channels() -> None:

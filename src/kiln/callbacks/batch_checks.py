@@ -63,14 +63,15 @@ def check_batch(
     _non_finite(y, "targets", where)
     if num_classes is None:
         return []
-    if torch.is_floating_point(y) or y.ndim != 1:
+    if torch.is_floating_point(y) or y.ndim == 0:
         raise HealthCheckError(
             f"{where}: labels have dtype {y.dtype} and shape {tuple(y.shape)}, but the data declares "
-            f"{num_classes} classes: class labels are 1-D integers (or declare no num_classes)"
+            f"{num_classes} classes: class labels are integers, one a sample or one per element of a dense target "
+            "(or declare no num_classes)"
         )
-    check_labels(y, num_classes, where)
+    check_labels(y, num_classes, where)  # per sample, or per element of a mask
     warnings = []
-    if len(y) > 1 and bool((y == y[0]).all()):
+    if y.ndim == 1 and len(y) > 1 and bool((y == y[0]).all()):
         warnings.append(f"{where}: all {len(y)} labels are {int(y[0])}: is the data sorted and not shuffled?")
     return warnings
 
@@ -145,7 +146,7 @@ class BatchSanityCheck(Callback):
         if self.seen_train == 0:
             self._check(trainer, pl_module, batch, f"train batch {batch_idx} (epoch {trainer.current_epoch})")
         num_classes = declared_classes(trainer)
-        if num_classes is None:  # a histogram of classes only where the data has classes
+        if num_classes is None or batch[1].ndim != 1:  # a histogram of the classes of samples, not of a mask's pixels
             self.seen_train = self.histogram_batches
             return
         self.counts.update(batch[1].tolist())

@@ -139,9 +139,10 @@ def check_labels(labels: Tensor, num_classes: int, where: str) -> None:
     """Stop with one line naming the batch and the sample whose label is outside ``[0, num_classes)``."""
     bad = ((labels < 0) | (labels >= num_classes)).nonzero()
     if len(bad):
-        i = int(bad[0, 0])
+        first = tuple(int(i) for i in bad[0])  # a dense label (a mask's pixel) also names where in the sample
+        at = f"sample {first[0]}" + (f" at {first[1:]}" if len(first) > 1 else "")
         raise HealthCheckError(
-            f"{where}: label {int(labels[i])} of sample {i} is outside [0, {num_classes}) "
+            f"{where}: label {int(labels[first])} of {at} is outside [0, {num_classes}) "
             f"({len(bad)} such labels); fix the labels or num_classes"
         )
 
