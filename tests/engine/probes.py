@@ -363,3 +363,47 @@ class FirstSteps(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         with (Path(trainer.default_root_dir) / "first_steps.txt").open("a") as f:
             f.write(f"{trainer.global_step}\n")
+
+
+class Masks(LightningDataModule):
+    """Inputs (1 x 10 x 10) and their per-pixel class masks (10 x 10): a segmentation's dense targets."""
+
+    def __init__(self, batch_size: int = 8) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        x = torch.randn(40, 1, 10, 10, generator=torch.Generator().manual_seed(0))
+        self.sets = [torch.utils.data.TensorDataset(x[i::2], (x[i::2, 0] > 0).long()) for i in range(2)]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[0], batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[1], batch_size=self.batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[1], batch_size=self.batch_size)
+
+
+class PixelNet(LightningModule):
+    """Per-pixel class scores (B x 2 x 10 x 10): a dense prediction, in plain Lightning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/loss", torch.nn.functional.cross_entropy(self(batch[0]), batch[1]))
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)

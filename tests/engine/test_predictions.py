@@ -6,12 +6,15 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from kiln.callbacks import PredictionWriter
+from kiln.cli.from_checkpoint import rebuild
+from kiln.commands.boundary import main
 from kiln.errors import UsageError
 
 
@@ -56,3 +59,26 @@ def test_one_number_for_the_batch_is_one_line_and_no_file(tmp_path: Path) -> Non
     with pytest.raises(UsageError, match=r"returned a tensor of shape \(\), which makes no rows: return a tensor"):
         predict("sum", tmp_path)
     assert not list(tmp_path.iterdir())  # neither predictions.csv nor its partial file
+
+
+def test_dense_predictions_and_targets_go_to_npy_files_beside_the_csv_row_for_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segmentation's predicted maps were saved nowhere: kiln predict stopped with "… make no CSV columns"."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    main(["fit", "--model", "probes.PixelNet", "--data", "probes.Masks", "--trainer.max_epochs", "1",
+          "--trainer.logger", "false", "--run.test_after_fit", "false", "--run.root", str(tmp_path)])  # fmt: skip
+    (last,) = tmp_path.glob("*/*/checkpoints/last.ckpt")
+    main(["predict", "--ckpt_path", str(last), "--trainer.logger", "false"])
+    (folder,) = tmp_path.glob("*/predict-*")
+    with (folder / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["index"], row["array_row"]) for row in rows] == [(str(i), str(i)) for i in range(20)]
+    predicted, target = np.load(folder / "predictions-prediction.npy"), np.load(folder / "predictions-target.npy")
+    model, data = rebuild(last)
+    data.setup("predict")
+    x, masks = data.sets[1].tensors
+    with torch.inference_mode():
+        assert np.allclose(predicted, model(x).numpy(), atol=1e-6)  # the module's own output, row for row
+    assert predicted.shape == (20, 2, 10, 10) and np.array_equal(target, masks.numpy())
+    assert not list(folder.glob(".*partial*"))  # no staging folder or partial file left

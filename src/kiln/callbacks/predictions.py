@@ -15,24 +15,17 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
+from kiln.callbacks.prediction_arrays import MOST_COLUMNS, ArrayRows, dense, dense_outputs, named_outputs
 from kiln.errors import UsageError
 from kiln.training.contracts import WritesPredictions, declared_classes, declared_names
 
-MOST_COLUMNS = 64  # values per sample written as columns of their own; more need the module's prediction_columns
-
 
 def _values(name: str, values: Any, n: int) -> dict[str, list[Any]]:
-    """Columns for ``n`` samples' values: one column for one value each, ``name_i`` for a few each."""
-    if not isinstance(values, Tensor) or len(values) != n:
+    """Columns for ``n`` samples' values: one column for one value each, ``name_i`` for a few each (none for more:
+    :func:`dense_outputs` keeps those)."""
+    if not isinstance(values, Tensor) or len(values) != n or dense(values, n):
         return {}
     flat = values.detach().float().cpu().reshape(n, -1) if values.is_floating_point() else values.cpu().reshape(n, -1)
-    if flat.shape[1] > MOST_COLUMNS:
-        shape = tuple(values.shape[1:])
-        raise UsageError(
-            f"PredictionWriter: {name}s of {flat.shape[1]} values per sample (shape {shape}) make no CSV columns: "
-            "give the LightningModule prediction_columns(prediction, batch) returning the columns to write "
-            "(kiln.training.contracts)"
-        )
     rows = flat.tolist()
     if flat.shape[1] == 1:
         return {name: [_cell(row[0]) for row in rows]}
@@ -65,7 +58,7 @@ def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch
     classes = declared_classes(trainer)
     if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
         return class_columns(prediction, target, declared_names(trainer))
-    outputs = _outputs(prediction)
+    outputs = named_outputs(prediction)
     n = len(next(iter(outputs.values()))) if outputs else 0
     if not n or any(len(values) != n for values in outputs.values()):
         raise UsageError(
@@ -77,18 +70,6 @@ def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch
     for name, values in outputs.items():
         columns.update(_values(name, values, n))
     return columns
-
-
-def _outputs(prediction: Any) -> dict[str, Tensor]:
-    """A prediction's outputs by column name: a tensor's ``prediction``, a dict's keys, a tuple's ``prediction<k>``;
-    none when any part is not a tensor of one row per sample."""
-    if isinstance(prediction, Mapping):
-        named = {str(key): value for key, value in prediction.items()}
-    elif isinstance(prediction, list | tuple):
-        named = {f"prediction{k}": value for k, value in enumerate(prediction)}
-    else:
-        named = {"prediction": prediction}
-    return named if all(isinstance(v, Tensor) and v.ndim for v in named.values()) else {}
 
 
 def _kind(prediction: Any) -> str:
@@ -124,6 +105,7 @@ class PredictionWriter(BasePredictionWriter):
         self._paths: list[Any] | None = None  # the predicted dataset's files, if it reads files
         self._order: list[int] | None = None  # this rank's dataset indices in order, where its sampler says them
         self._ranks = 1
+        self._arrays: ArrayRows | None = None  # outputs of too many values a sample for CSV columns
 
     def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         folder = Path(self.output_dir or trainer.default_root_dir)
@@ -135,6 +117,7 @@ class PredictionWriter(BasePredictionWriter):
         self._file = self._partial.open("w", newline="")
         self._writer = csv.writer(self._file)
         self._rows = 0
+        self._arrays = ArrayRows(folder, Path(self.filename).stem)
         loaders = trainer.predict_dataloaders
         self._paths = getattr(getattr(loaders, "dataset", None), "paths", None)
         sampler = getattr(loaders, "sampler", None)  # an on-device loader's EvaluationShard under DDP
@@ -150,7 +133,9 @@ class PredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        columns = columns_of(pl_module, trainer, prediction, batch)
+        columns = dict(columns_of(pl_module, trainer, prediction, batch))
+        if arrays := dense_outputs(pl_module, trainer, prediction, batch):
+            columns = self._with_arrays(columns, arrays)
         n = len(next(iter(columns.values()))) if columns else 0
         indices = self._indices(batch_indices, n)
         if lengths := {name: len(values) for name, values in columns.items() if len(values) != len(indices)}:
@@ -166,6 +151,16 @@ class PredictionWriter(BasePredictionWriter):
         for i, index in enumerate(indices):
             path = [str(self._paths[index])] if self._paths is not None and index != "" else []
             self._writer.writerow([index, *path, *(values[i] for values in columns.values())])
+
+    def _with_arrays(self, columns: dict[str, Sequence[Any]], arrays: dict[str, Tensor]) -> dict[str, Sequence[Any]]:
+        """Keep ``arrays`` (a mask, a reconstruction) in ``.npy`` files; the CSV row says which row of them."""
+        if self._ranks > 1:
+            raise UsageError(f"PredictionWriter: {', '.join(arrays)} of more than {MOST_COLUMNS} values a sample go "
+                             "to .npy files on one process: run kiln predict with --trainer.devices 1")  # fmt: skip
+        assert self._arrays is not None
+        self._arrays.add(arrays)
+        n = len(next(iter(arrays.values())))
+        return {"array_row": list(range(self._rows, self._rows + n)), **columns}
 
     def _indices(self, batch_indices: Any, n: int) -> list[Any]:
         """Dataset indices of a batch: Lightning's (DataLoaders), else the sampler's order, else (one process,
@@ -183,7 +178,9 @@ class PredictionWriter(BasePredictionWriter):
         self._file = None
         if self._ranks == 1:
             self._partial.replace(self.path)
-            print(f"predictions: {self.path} ({self._rows} rows)", file=sys.stderr)
+            arrays = self._arrays.finish() if self._arrays is not None else []
+            beside = f"; arrays beside it: {', '.join(arrays)}" if arrays else ""
+            print(f"predictions: {self.path} ({self._rows} rows{beside})", file=sys.stderr)
             return
         if not trainer.is_global_zero:
             self._partial.replace(self.path)  # this rank's share, complete
@@ -196,6 +193,8 @@ class PredictionWriter(BasePredictionWriter):
             self._file.close()
             self._file = None
             self._partial.unlink(missing_ok=True)
+        if self._arrays is not None:
+            self._arrays.discard()
 
 
 def rank_file(filename: str, rank: int) -> str:

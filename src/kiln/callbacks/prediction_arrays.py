@@ -1,0 +1,91 @@
+"""Predictions with too many values a sample for CSV columns (a mask, a reconstruction), kept as ``.npy`` arrays."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch import Tensor
+
+from kiln.training.contracts import WritesPredictions, declared_classes
+
+MOST_COLUMNS = 64  # values a sample written as CSV columns of their own; more go to .npy files beside the CSV
+
+
+def dense(values: Any, n: int) -> bool:
+    """Whether ``n`` samples' values hold too many a sample for CSV columns (an array file keeps them)."""
+    return isinstance(values, Tensor) and len(values) == n and values[0].numel() > MOST_COLUMNS
+
+
+def dense_outputs(module: LightningModule, trainer: Trainer, prediction: Any, batch: Any) -> dict[str, Tensor]:
+    """The target and outputs too large a sample for CSV columns, by name (none where the module writes its own
+    columns, or for a classifier's row)."""
+    if isinstance(module, WritesPredictions):
+        return {}
+    classes = declared_classes(trainer)
+    if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
+        return {}
+    outputs = named_outputs(prediction)
+    n = len(next(iter(outputs.values()))) if outputs else 0
+    target = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
+    found = {"target": target, **outputs} if n else {}
+    return {name: values for name, values in found.items() if isinstance(values, Tensor) and dense(values, n)}
+
+
+def named_outputs(prediction: Any) -> dict[str, Tensor]:
+    """A prediction's outputs by column name: a tensor's ``prediction``, a dict's keys, a tuple's ``prediction<k>``;
+    none when any part is not a tensor of one row per sample."""
+    if isinstance(prediction, Mapping):
+        named = {str(key): value for key, value in prediction.items()}
+    elif isinstance(prediction, list | tuple):
+        named = {f"prediction{k}": value for k, value in enumerate(prediction)}
+    else:
+        named = {"prediction": prediction}
+    return named if all(isinstance(v, Tensor) and v.ndim for v in named.values()) else {}
+
+
+class ArrayRows:
+    """Each output's rows, batch by batch into a staging folder (memory stays one batch), joined at the end into
+    ``<stem>-<name>.npy`` beside the CSV: row ``i`` of every array is the CSV's ``array_row`` ``i``."""
+
+    def __init__(self, folder: Path, stem: str) -> None:
+        self.folder, self.stem = folder, stem
+        self.staging = folder / f".{stem}-arrays.partial"
+        self.batches: dict[str, list[Path]] = {}
+
+    def add(self, arrays: dict[str, Tensor]) -> None:
+        self.staging.mkdir(exist_ok=True)
+        for name, values in arrays.items():
+            batch = self.staging / f"{name}-{len(self.batches.get(name, []))}.npy"
+            values = values.detach().cpu()
+            np.save(batch, (values.float() if values.dtype == torch.bfloat16 else values).numpy())  # numpy has no bf16
+            self.batches.setdefault(name, []).append(batch)
+
+    def finish(self) -> list[str]:
+        """Join each output's batches into its file; what was written, in words."""
+        written = []
+        for name, batches in self.batches.items():
+            parts = [np.load(b, mmap_mode="r") for b in batches]
+            path = self.folder / f"{self.stem}-{name}.npy"
+            partial = path.with_name(f".{path.name}.partial")
+            joined = np.lib.format.open_memmap(partial, mode="w+", dtype=parts[0].dtype,
+                                               shape=(sum(len(p) for p in parts), *parts[0].shape[1:]))  # fmt: skip
+            start = 0
+            for part in parts:
+                joined[start : start + len(part)] = part
+                start += len(part)
+            joined.flush()
+            del joined
+            partial.replace(path)
+            written.append(f"{path.name} {tuple(int(d) for d in (start, *parts[0].shape[1:]))}")
+        self.discard()
+        return written
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.batches = {}
