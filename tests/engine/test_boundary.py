@@ -12,6 +12,9 @@ import pytest
 import torch
 from helpers import LIMIT, PROBES
 
+from kiln.commands.boundary import main
+from kiln.runs import folders
+
 KILN = [sys.executable, "-m", "kiln"]
 
 
@@ -67,3 +70,15 @@ def test_an_error_raised_in_a_datasets_worker_process_names_the_users_line() -> 
     line = internal_error(raised.value)
     assert line.startswith("ValueError: sample 0 is broken (raised in your code: ") and "please report" not in line
     assert f"{__file__}:" in line and ", in __getitem__, in a DataLoader worker process); the traceback is in" in line
+
+
+def test_a_fit_and_a_failed_fit_in_one_python_session_leave_no_variable_or_run_folder_behind(tmp_path: Path) -> None:
+    """A notebook's commands: each left PL_GLOBAL_SEED, PL_SEED_WORKERS and W&B's variables set, and the run folder
+    of the last one remembered (a later error's traceback could be saved into a removed folder)."""
+    (tmp_path / ".env").write_text("KILN_TEST_FROM_DOTENV=1\n")  # loaded for each command, not for the session
+    before = dict(os.environ)
+    main(["fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"])
+    assert dict(os.environ) == before and folders.current_run_dir() is None
+    with pytest.raises(SystemExit):
+        main(["fit", *LIMIT, "--trainer.logger", "false", "--model.init_args.num_classes", "3"])
+    assert dict(os.environ) == before and folders.current_run_dir() is None

@@ -39,7 +39,7 @@ def test_fit_fills_one_run_folder_and_prints_summary(
     err = capsys.readouterr().err
     notices = [line for line in err.splitlines() if line.startswith("W&B: no API key")]
     assert len(notices) == 1 and "offline" in notices[0]
-    assert os.environ["WANDB_MODE"] == "offline"
+    assert "WANDB_MODE" not in os.environ  # the session as it was: the next command decides for itself
 
 
 @pytest.mark.slow

@@ -13,8 +13,10 @@ import errno
 import gc
 import importlib
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -161,8 +163,25 @@ def main(args: list[str] | None = None) -> None:
     if verbose := [a for a in argv[: argv.index("--") if "--" in argv else None] if a in ("-v", "--verbose")]:
         argv = [a for a in argv if a not in verbose]  # everything on the console: Lightning's and W&B's lines too
         args = argv
-    with console.verbosity(bool(verbose)):
+    with console.verbosity(bool(verbose)), _session_kept(process):
         _main(argv, args, process)
+
+
+@contextmanager
+def _session_kept(process: bool) -> Iterator[None]:
+    """A command called from a Python session (a notebook, a test) leaves it as it found it: the environment
+    (``.env``'s keys, Lightning's seed variables, the run folder's) and no run folder remembered for the next."""
+    if process:  # the `kiln` process ends with its command
+        yield
+        return
+    kept = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k not in kept]:
+            del os.environ[key]
+        os.environ.update(kept)
+        folders.new_command()
 
 
 def _main(argv: list[str], args: list[str] | None, process: bool) -> None:

@@ -108,8 +108,8 @@ def job_id() -> str | None:
 
 def new_command() -> None:
     """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
-    global created, this_run
-    created = this_run = None
+    global created, created_top, this_run
+    created = created_top = this_run = None
     release()
 
 
