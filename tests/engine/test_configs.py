@@ -46,8 +46,14 @@ def readme_presets() -> set[str]:
 
 
 def test_the_readme_table_names_every_preset_and_nothing_else() -> None:
+    """Every preset the table names exists, and it names every engine preset; experiment/ is the user's folder too
+    (the README's own dataset example adds one there, which turned this test red in a clone)."""
     sweeps = {name(p) for p in (CONFIGS / "sweep").glob("*.yaml")}
-    assert {name(p) for p in ALL_CONFIGS} | sweeps == readme_presets()
+    files, named = {name(p) for p in ALL_CONFIGS} | sweeps, readme_presets()
+    assert named <= files
+    assert {f for f in files if not f.startswith("experiment/")} == {
+        n for n in named if not n.startswith("experiment/")
+    }
 
 
 def runnable(config: Path) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers import CONFIGS, LIMIT
+from test_surface import PUBLIC, engine_imports
 
 import research.data
 from kiln.cli import build_cli
@@ -152,6 +153,7 @@ def test_the_readme_dataset_example_trains_with_the_lines_it_counts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     python, config = readme_example()
+    assert engine_imports(python) <= PUBLIC  # it imported kiln.data.base, which the project's own test refused
     readme = (CONFIGS.parent / "README.md").read_text()
     code_lines = [line for line in python.splitlines()[1:] if line.strip()]  # after the file-name comment
     assert f"one file of {len(code_lines)} lines" in readme
