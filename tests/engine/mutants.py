@@ -46,7 +46,7 @@ MUTANTS = [
            "        for i, index in enumerate(indices):\n", "        for i, index in enumerate(indices[:-1]):\n",
            (E + "test_predictions.py",)),
     Mutant("a mid-epoch resume counted from a guess of the batch size", "src/kiln/callbacks/resume.py",
-           "        size = samples_per_batch(trainer.train_dataloader)\n",
+           "        size = self._batch_size\n",
            "        from lightning.pytorch.utilities.data import extract_batch_size\n"
            "        size = extract_batch_size(batch)\n",
            (E + "test_own_task.py", "-k", "list_of_tensors_batch")),

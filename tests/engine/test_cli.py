@@ -385,6 +385,16 @@ def test_a_preset_leaves_out_or_replaces_one_default_callback_by_name(
     assert "BatchGrid: left out, as run.without names it" in (swapped.run_dir / "console.log").read_text()  # type: ignore[operator]
     with pytest.raises(UsageError, match=r"run.without: no callback BatchGrd in trainer.callbacks \(.*\); did you"):
         build_cli([*LIMIT, "--run.without", "[BatchGrd]"], run=False)
+    replaced = tmp_path / "replace.yaml"
+    replaced.write_text(
+        "run:\n  without: [ModelCheckpoint]\ntrainer:\n  callbacks+:\n    - class_path: "
+        "lightning.pytorch.callbacks.ModelCheckpoint\n      init_args: {monitor: val/acc, mode: max}\n"
+    )
+    mine = build_cli([*LIMIT, "-c", str(replaced)], run=False).trainer.callbacks  # type: ignore[attr-defined]
+    assert type(mine[default.index("ModelCheckpoint")]).__name__ == "ModelCheckpoint"  # in the default's place
+    assert [c.monitor for c in mine if type(c).__name__ == "ModelCheckpoint"] == ["val/acc"]
+    off = build_cli([*LIMIT, "-c", str(replaced), "--trainer.enable_checkpointing", "false"], run=False)
+    assert not off.trainer.checkpoint_callbacks  # the replacement too: Lightning refuses a checkpoint then
 
 
 def test_every_fit_writes_best_and_last_validation_metrics_and_wall_time() -> None:

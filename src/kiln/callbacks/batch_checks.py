@@ -55,7 +55,9 @@ def check_batch(
     """
     x, y = batch
     if isinstance(x, list | tuple | Mapping):  # several inputs, or samples of different sizes: no batch shape
-        check_tensors(x, where, "input")
+        for key, part in x.items() if isinstance(x, Mapping) else enumerate(x):
+            if isinstance(part, Tensor) and torch.is_floating_point(part) and not bool(torch.isfinite(part).all()):
+                raise HealthCheckError(f"{where}: input {key} holds NaN/Inf")
     else:
         _check_inputs(x, where, input_shape, channels)
     if not isinstance(y, Tensor):
@@ -89,13 +91,12 @@ def _check_inputs(x: Any, where: str, input_shape: Sequence[int] | None, channel
     _non_finite(x, "inputs", where)
 
 
-def check_tensors(batch: Any, where: str, name: str = "tensor") -> None:
-    """A batch that is not one tensor (a dict, a list of samples of different sizes): NaN/Inf in any float one."""
-    found = batch.items() if isinstance(batch, Mapping) else enumerate(batch if isinstance(batch, list | tuple)
-                                                                         else [batch])  # fmt: skip
-    for key, value in found:
-        if isinstance(value, Tensor) and torch.is_floating_point(value) and not bool(torch.isfinite(value).all()):
-            raise HealthCheckError(f"{where}: {name} {key} holds NaN/Inf")
+def check_tensors(batch: Any, where: str) -> None:
+    """A batch that is not an ``(inputs, targets)`` pair: NaN/Inf in any float tensor it holds."""
+    found = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else [batch]
+    for i, value in enumerate(found):
+        if isinstance(value, Tensor):
+            _non_finite(value, f"its tensor {i}", where)
 
 
 class BatchSanityCheck(Callback):

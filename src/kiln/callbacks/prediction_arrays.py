@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
-
-from kiln.training.contracts import WritesPredictions, declared_classes
 
 MOST_COLUMNS = 64  # values a sample written as CSV columns of their own; more go to .npy files beside the CSV
 
@@ -20,33 +16,6 @@ MOST_COLUMNS = 64  # values a sample written as CSV columns of their own; more g
 def dense(values: Any, n: int) -> bool:
     """Whether ``n`` samples' values hold too many a sample for CSV columns (an array file keeps them)."""
     return isinstance(values, Tensor) and len(values) == n and values[0].numel() > MOST_COLUMNS
-
-
-def dense_outputs(module: LightningModule, trainer: Trainer, prediction: Any, batch: Any) -> dict[str, Tensor]:
-    """The target and outputs too large a sample for CSV columns, by name (none where the module writes its own
-    columns, or for a classifier's row)."""
-    if isinstance(module, WritesPredictions):
-        return {}
-    classes = declared_classes(trainer)
-    if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
-        return {}
-    outputs = named_outputs(prediction)
-    n = len(next(iter(outputs.values()))) if outputs else 0
-    target = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
-    found = {"target": target, **outputs} if n else {}
-    return {name: values for name, values in found.items() if isinstance(values, Tensor) and dense(values, n)}
-
-
-def named_outputs(prediction: Any) -> dict[str, Tensor]:
-    """A prediction's outputs by column name: a tensor's ``prediction``, a dict's keys, a tuple's ``prediction<k>``;
-    none when any part is not a tensor of one row per sample."""
-    if isinstance(prediction, Mapping):
-        named = {str(key): value for key, value in prediction.items()}
-    elif isinstance(prediction, list | tuple):
-        named = {f"prediction{k}": value for k, value in enumerate(prediction)}
-    else:
-        named = {"prediction": prediction}
-    return named if all(isinstance(v, Tensor) and v.ndim for v in named.values()) else {}
 
 
 class ArrayRows:

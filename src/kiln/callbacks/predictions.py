@@ -15,14 +15,14 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
-from kiln.callbacks.prediction_arrays import MOST_COLUMNS, ArrayRows, dense, dense_outputs, named_outputs
+from kiln.callbacks.prediction_arrays import MOST_COLUMNS, ArrayRows, dense
 from kiln.errors import UsageError
 from kiln.training.contracts import WritesPredictions, declared_classes, declared_names
 
 
 def _values(name: str, values: Any, n: int) -> dict[str, list[Any]]:
     """Columns for ``n`` samples' values: one column for one value each, ``name_i`` for a few each (none for more:
-    :func:`dense_outputs` keeps those)."""
+    :func:`rows_of` gives those as arrays)."""
     if not isinstance(values, Tensor) or len(values) != n or dense(values, n):
         return {}
     flat = values.detach().float().cpu().reshape(n, -1) if values.is_floating_point() else values.cpu().reshape(n, -1)
@@ -50,15 +50,19 @@ def class_columns(probs: Tensor, labels: Any, names: list[str] | None) -> dict[s
     return columns
 
 
-def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch: Any) -> Mapping[str, Sequence[Any]]:
-    """What a batch's predictions write: the module's own columns, a classifier's, or values for anything else."""
+Rows = tuple[Mapping[str, Sequence[Any]], dict[str, Tensor]]  # CSV columns, and arrays too large a sample for them
+
+
+def rows_of(module: LightningModule, trainer: Trainer, prediction: Any, batch: Any) -> Rows:
+    """What a batch's predictions write: the module's own columns, a classifier's, or values for anything else, those
+    of more than ``MOST_COLUMNS`` values a sample (a mask, a reconstruction) as arrays."""
     if isinstance(module, WritesPredictions):
-        return module.prediction_columns(prediction, batch)
+        return module.prediction_columns(prediction, batch), {}
     target = batch[1] if isinstance(batch, list | tuple) and len(batch) > 1 else None
     classes = declared_classes(trainer)
     if isinstance(prediction, Tensor) and prediction.ndim == 2 and classes == prediction.shape[1]:
-        return class_columns(prediction, target, declared_names(trainer))
-    outputs = named_outputs(prediction)
+        return class_columns(prediction, target, declared_names(trainer)), {}
+    outputs = _outputs(prediction)
     n = len(next(iter(outputs.values()))) if outputs else 0
     if not n or any(len(values) != n for values in outputs.values()):
         raise UsageError(
@@ -66,10 +70,21 @@ def columns_of(module: LightningModule, trainer: Trainer, prediction: Any, batch
             "tuple or dict of tensors, with one row per sample, or give the LightningModule "
             "prediction_columns(prediction, batch) returning the columns to write (kiln.training.contracts)"
         )
-    columns = _values("target", target, n)
-    for name, values in outputs.items():
-        columns.update(_values(name, values, n))
-    return columns
+    found = {"target": target, **outputs}
+    columns = {key: column for name, values in found.items() for key, column in _values(name, values, n).items()}
+    return columns, {name: values for name, values in found.items() if isinstance(values, Tensor) and dense(values, n)}
+
+
+def _outputs(prediction: Any) -> dict[str, Tensor]:
+    """A prediction's outputs by column name: a tensor's ``prediction``, a dict's keys, a tuple's ``prediction<k>``;
+    none when any part is not a tensor of one row per sample."""
+    if isinstance(prediction, Mapping):
+        named = {str(key): value for key, value in prediction.items()}
+    elif isinstance(prediction, list | tuple):
+        named = {f"prediction{k}": value for k, value in enumerate(prediction)}
+    else:
+        named = {"prediction": prediction}
+    return named if all(isinstance(v, Tensor) and v.ndim for v in named.values()) else {}
 
 
 def _kind(prediction: Any) -> str:
@@ -133,8 +148,8 @@ class PredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int,
     ) -> None:
-        columns = dict(columns_of(pl_module, trainer, prediction, batch))
-        if arrays := dense_outputs(pl_module, trainer, prediction, batch):
+        columns, arrays = rows_of(pl_module, trainer, prediction, batch)
+        if arrays:
             columns = self._with_arrays(columns, arrays)
         n = len(next(iter(columns.values()))) if columns else 0
         indices = self._indices(batch_indices, n)
@@ -152,7 +167,7 @@ class PredictionWriter(BasePredictionWriter):
             path = [str(self._paths[index])] if self._paths is not None and index != "" else []
             self._writer.writerow([index, *path, *(values[i] for values in columns.values())])
 
-    def _with_arrays(self, columns: dict[str, Sequence[Any]], arrays: dict[str, Tensor]) -> dict[str, Sequence[Any]]:
+    def _with_arrays(self, columns: Mapping[str, Sequence[Any]], arrays: dict[str, Tensor]) -> dict[str, Sequence[Any]]:
         """Keep ``arrays`` (a mask, a reconstruction) in ``.npy`` files; the CSV row says which row of them."""
         if self._ranks > 1:
             raise UsageError(f"PredictionWriter: {', '.join(arrays)} of more than {MOST_COLUMNS} values a sample go "

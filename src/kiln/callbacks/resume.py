@@ -81,6 +81,7 @@ class ExactResume(Callback):
         self._position: tuple[int, int | None] = (0, 0)  # (epoch, samples this rank trained on) a save resumes at
         self._before_validation: dict[str, int] = {}  # metric update counts as this validation began
         self._metrics_epoch: int | None = None  # the epoch of the metric states a resume put back
+        self._batch_size: int | None = None  # the training loader's, read at each epoch's start
 
     def state_dict(self) -> dict[str, Any]:
         # samples, not batches: a resume with another batch size neither replays nor skips data
@@ -92,7 +93,7 @@ class ExactResume(Callback):
         # after the epoch's last batch, a checkpoint (e.g. at validation end) resumes with a new epoch
         epoch, (done_epoch, done) = trainer.current_epoch, self._position
         done = done if done_epoch == epoch else 0
-        size = samples_per_batch(trainer.train_dataloader)
+        size = self._batch_size
         if trainer.is_last_batch:
             self._position = (epoch + 1, 0)
         else:  # a loader without a batch size of its own: where in the epoch is unknown (None), never guessed
@@ -109,6 +110,7 @@ class ExactResume(Callback):
         self._before_validation = {}
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._batch_size = samples_per_batch(trainer.train_dataloader)  # the epoch's loader (it may be reloaded)
         if self._metrics_epoch is not None and self._metrics_epoch != trainer.current_epoch:
             metric_states.reset(pl_module, list(metric_states.metrics_of(pl_module)))  # saved once the epoch ended
         self._metrics_epoch = None

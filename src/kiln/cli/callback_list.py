@@ -27,15 +27,18 @@ def chosen_callbacks(config: Namespace) -> list[Namespace]:
         Checkpoint: (trainer.enable_checkpointing is False, "trainer.enable_checkpointing is false"),
     }
     named, replacing = _named(config.run.without, callbacks)
+    moved = {id(r) for r in replacing.values()}  # a replacement goes where what it replaces was: hooks run in order
+    ordered = [
+        c for first in callbacks if id(first) not in moved for c in (first, replacing.get(id(first))) if c is not None
+    ]
     kept = []
-    for callback in callbacks:
+    for callback in ordered:
         why = next((why for base, (off, why) in flags.items() if off and is_a(callback, base)), None)
         why = why or named.get(id(callback))
-        if why is None and id(callback) not in replacing.values():
+        if why is None:
             kept.append(callback)
-        elif why is not None:
+        else:
             console.LOG.info(f"{_name(callback)}: left out, as {why}")
-            kept += [r for r in callbacks if replacing.get(id(callback)) == id(r)]  # in its place: hooks run in order
     config.run.without = []
     return _later_replaces(kept)
 
@@ -44,12 +47,12 @@ def _name(callback: Namespace) -> str:
     return str(callback.class_path).rsplit(".", 1)[-1]
 
 
-def _named(names: list[str], callbacks: list[Namespace]) -> tuple[dict[int, str], dict[int, int]]:
+def _named(names: list[str], callbacks: list[Namespace]) -> tuple[dict[int, str], dict[int, Namespace]]:
     """Why each callback ``run.without`` names is left out (by class name, path, or a base class's path), and which
     replaces which: of several of one class, the last stays (a ``callbacks+`` added it, after the defaults, to replace
     them) in the first one's place. A name that matches none stops in one line listing the names there are."""
     found: dict[int, str] = {}
-    replacing: dict[int, int] = {}
+    replacing: dict[int, Namespace] = {}
     for name in names:
         base = import_class(name) if "." in name else None
         matches = [
@@ -66,7 +69,7 @@ def _named(names: list[str], callbacks: list[Namespace]) -> tuple[dict[int, str]
         for group in same.values():
             why = "run.without names it" + (f"; the {_name(group[-1])} added after it replaces it" if group[1:] else "")
             found |= {id(c): why for c in group[:-1] or group}
-            replacing |= {id(group[0]): id(group[-1])} if group[1:] else {}
+            replacing |= {id(group[0]): group[-1]} if group[1:] else {}
     return found, replacing
 
 
