@@ -18,6 +18,7 @@ from dataset_files import write_cifar10, write_mnist
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py's: the server's environment is what the workers get
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "long: a minute or so of one worker; its module runs first (see below)")
+    config.addinivalue_line("markers", "real_process: every kiln command the test runs is a real process, not a fork")
     if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
         forkserver.share()  # pytest-xdist's controller, before it starts the workers: one server for them all
 
@@ -49,6 +50,14 @@ def pytest_unconfigure() -> None:
     """No server left waiting, nor its socket's folder in the temporary folder (xdist's workers skip atexit): the
     controller's shared one as the last worker has ended, a process's own as its session ends."""
     forkserver.stop()
+
+
+@pytest.fixture(autouse=True)
+def _real_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test about signals, exit codes or resumes that no fork proof covers (test_forkserver.py) launches real
+    processes: a fork skips Python's own finalization."""
+    if request.node.get_closest_marker("real_process"):
+        monkeypatch.setenv(forkserver.REAL, "1")
 
 
 @pytest.fixture

@@ -136,7 +136,8 @@ def _child(request: dict[str, Any], fds: list[int], connection: socket.socket, b
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    atexit._run_exitfuncs()  # what Python runs as it ends; its finalization is left out, as in a forked worker's end
+    threading._shutdown()  # type: ignore[attr-defined]  # as Python ends: its threads joined, then atexit's functions
+    atexit._run_exitfuncs()  # its finalization (objects freed, modules torn down) is left out, as in a forked worker
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
@@ -167,6 +168,7 @@ class _Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+REAL = "KILN_TESTS_REAL_PROCESSES"  # set: every command runs as a real process
 SHARED = "KILN_TESTS_FORK_SERVER"  # the socket of the server an xdist controller started for all its workers
 _server: _Server | None = None
 _starting = threading.Lock()  # the README test runs commands from several threads
@@ -247,6 +249,7 @@ def run(command: list[str], **options: Any) -> subprocess.CompletedProcess[str]:
     asked = {k: options.pop(k) for k in ("capture_output", "text", "stdout", "stderr") if k in options}
     captured = (asked.get("capture_output", False) or merged) and asked.get("text")
     forkable = command[:3] == [sys.executable, "-m", "kiln"] and captured and set(options) <= FORKABLE
+    forkable = forkable and not os.environ.get(REAL)  # a test marked real_process (tests/engine/conftest.py)
     if not forkable:
         return subprocess.run(command, **asked, **options)
     cwd, timeout = str(options.get("cwd") or os.getcwd()), options.get("timeout")

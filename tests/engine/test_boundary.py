@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import forkserver
@@ -13,7 +14,6 @@ import torch
 from helpers import LIMIT, PROBES
 
 from kiln.commands.boundary import main
-from kiln.runs import folders
 
 KILN = [sys.executable, "-m", "kiln"]
 
@@ -72,13 +72,33 @@ def test_an_error_raised_in_a_datasets_worker_process_names_the_users_line() -> 
     assert f"{__file__}:" in line and ", in __getitem__, in a DataLoader worker process); the traceback is in" in line
 
 
-def test_a_fit_and_a_failed_fit_in_one_python_session_leave_no_variable_or_run_folder_behind(tmp_path: Path) -> None:
-    """A notebook's commands: each left PL_GLOBAL_SEED, PL_SEED_WORKERS and W&B's variables set, and the run folder
-    of the last one remembered (a later error's traceback could be saved into a removed folder)."""
+def _run_state() -> dict[tuple[str, str], tuple[int, str]]:
+    """Every module-level value of the engine's modules (not its functions, classes or imported modules), with the
+    environment: what one command could leave behind for the next in the same process."""
+    state = {("os.environ", k): (0, v) for k, v in os.environ.items()}
+    for name, module in list(sys.modules.items()):
+        if name == "kiln" or name.startswith("kiln."):
+            for key, value in vars(module).items():
+                if not key.startswith("__") and not callable(value) and not isinstance(value, types.ModuleType):
+                    state[(name, key)] = (id(value), repr(value)[:300])
+    return state
+
+
+def test_a_fit_and_a_failed_fit_in_one_python_session_leave_no_variable_global_or_run_folder_behind(
+    tmp_path: Path,
+) -> None:
+    """A notebook's commands: each left PL_GLOBAL_SEED, PL_SEED_WORKERS and W&B's variables set, and module globals
+    held the last one's run folder (a later failure's clean-up could remove the folder of an earlier run)."""
     (tmp_path / ".env").write_text("KILN_TEST_FROM_DOTENV=1\n")  # loaded for each command, not for the session
     before = dict(os.environ)
-    main(["fit", *LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"])
-    assert dict(os.environ) == before and folders.current_run_dir() is None
+    quiet = [*LIMIT, "--trainer.logger", "false", "--run.test_after_fit", "false"]
+    main(["fit", *quiet, "--run.root", str(tmp_path / "runs")])  # its modules imported: the state to keep
+    (first,) = (tmp_path / "runs" / "digits").iterdir()
+    assert dict(os.environ) == before
+    kept = _run_state()
     with pytest.raises(SystemExit):
-        main(["fit", *LIMIT, "--trainer.logger", "false", "--model.init_args.num_classes", "3"])
-    assert dict(os.environ) == before and folders.current_run_dir() is None
+        main(["fit", *quiet, "--run.root", str(tmp_path / "runs"), "--model.init_args.num_classes", "3"])
+    assert _run_state() == kept
+    assert list((tmp_path / "runs" / "digits").iterdir()) == [first]  # the failed run's folder only is removed
+    main(["fit", *quiet, "--run.root", str(tmp_path / "other")])
+    assert _run_state() == kept and first.is_dir()

@@ -22,7 +22,7 @@ from helpers import CONFIGS, LIMIT, PROBES
 
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
-from kiln.runs.folders import resolve_run_dir
+from kiln.runs.record import RunRecord
 from kiln.training.checkpointing import load_checkpoint_file
 from kiln.training.schedules import WarmupCosineLR
 
@@ -126,7 +126,7 @@ def test_a_slurm_job_resumes_only_its_own_run(monkeypatch: pytest.MonkeyPatch, c
 
 def _claim(root: str, start: multiprocessing.synchronize.Barrier, out: multiprocessing.Queue) -> None:
     start.wait()
-    out.put(str(resolve_run_dir(root, "race")))
+    out.put(str(RunRecord().open(root, "race")))
 
 
 def test_runs_started_at_the_same_instant_never_share_a_folder(tmp_path: Path) -> None:

@@ -118,8 +118,8 @@ def test_a_run_killed_without_a_word_or_built_and_never_run_is_stopped_not_runni
     (built,) = (tmp_path / "runs" / "digits").iterdir()
     assert json.loads((built / "status.json").read_text())["status"] == "running"  # what the process left
     assert results.status(built)[0] == "stopped"
-    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from kiln.runs import folders; "
-                             f"folders.hold(folders.Path({str(built)!r})); print('held', flush=True); time.sleep(60)"],
+    held = subprocess.Popen([sys.executable, "-c", "import time, pathlib; from kiln.runs import record; h = record."
+                             f"hold(pathlib.Path({str(built)!r})); print('held', flush=True); time.sleep(60)"],
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert held.stdout is not None and held.stdout.readline().strip() == "held"

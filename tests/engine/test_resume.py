@@ -133,7 +133,11 @@ def uninterrupted_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "code", "group"),
-    [("SIGTERM", 143, False), ("SIGUSR1", 138, False), ("SIGTERM", 143, True)],
+    [
+        ("SIGTERM", 143, False),
+        ("SIGUSR1", 138, False),
+        pytest.param("SIGTERM", 143, True, marks=pytest.mark.real_process),
+    ],  # workers: no fork proof covers them
     ids=["SIGTERM", "SIGUSR1", "SIGTERM_to_the_process_group_with_workers"],
 )
 def test_signal_saves_and_the_same_command_resumes_exactly(
@@ -281,6 +285,7 @@ def _with_scontrol(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # evaluation's stops: the fork proof (test_forkserver.py) covers fit's
 @pytest.mark.parametrize(
     ("stage", "name", "code", "said"),
     [("test", "SIGTERM", 143, "SIGTERM: stopped test"), ("predict", "SIGUSR1", 138, "SIGUSR1: stopped predict"),
@@ -593,6 +598,7 @@ def test_a_stop_at_any_step_resumes_to_the_uninterrupted_runs_metrics_csv_and_we
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # DDP's ranks: no fork proof covers them
 def test_a_process_group_sigterm_under_ddp_saves_on_every_rank_and_the_resume_is_the_uninterrupted_run(
     tmp_path: Path,
 ) -> None:

@@ -93,11 +93,11 @@ def test_only_global_rank_zero_records_how_the_run_ended(
 
     for var, value in {"LOCAL_RANK": "0", **rank}.items():
         monkeypatch.setenv(var, value)
-    record_status("finished", run_dir=tmp_path)
+    record_status("finished", "", tmp_path)
     assert not layout(tmp_path).status.exists()
     for var in rank:
         monkeypatch.setenv(var, "0")
-    record_status("finished", run_dir=tmp_path)
+    record_status("finished", "", tmp_path)
     assert json.loads(layout(tmp_path).status.read_text())["status"] == "finished"
 
 

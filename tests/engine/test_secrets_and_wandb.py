@@ -48,6 +48,7 @@ def test_planted_secrets_appear_in_no_file_of_the_run(monkeypatch: pytest.Monkey
                "--model.init_args.auth", '{"bearer": "bearer-s3cr3t-value"}']  # fmt: skip
     monkeypatch.setattr(sys, "argv", ["kiln", "fit", *LIMIT, *planted])  # W&B records the command line
     main()
+    assert sys.argv == ["kiln", "fit", *LIMIT, *planted]  # hidden from W&B alone, never rewritten for good
     (run_dir,) = Path("runs/digits").iterdir()
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     assert len(files) > 10 and any(p.suffix == ".wandb" for p in files)

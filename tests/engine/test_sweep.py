@@ -148,6 +148,7 @@ def test_subprocess_trials_train_on_two_ddp_ranks_report_from_rank_0_and_prune_o
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a sweep driver's signals: no fork proof covers them
 def test_sigterm_to_the_driver_alone_reaches_a_subprocess_trial_which_the_rerun_resumes(tmp_path: Path) -> None:
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=3",
              "--trainer.callbacks.parent=true", f"--trainer.callbacks.marker={tmp_path / 'sent'}",
@@ -203,6 +204,7 @@ def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a sweep driver's signals: no fork proof covers them
 def test_a_subprocess_trial_killed_fails_with_the_signal_as_its_reason_not_its_last_output_line(
     tmp_path: Path,
 ) -> None:

@@ -66,11 +66,11 @@ from kiln.console import quiet_lightning
 from kiln.errors import AlreadyFinished, ConfigError, Preempted, UsageError
 from kiln.files import dump_yaml, written_whole
 from kiln.process import process_group, stop_signals
-from kiln.process.secrets import load_env_file, redact, redact_text, redact_url, secret_values
-from kiln.runs import folders
-from kiln.runs.folders import layout, resolve_run_dir
+from kiln.process.secrets import load_env_file, redact, secret_values
+from kiln.runs.folders import layout
 from kiln.runs.picking import Pick, nothing_to_run, partial_data
-from kiln.runs.provenance import write_environment
+from kiln.runs.provenance import argv_shown, write_environment
+from kiln.runs.record import RunRecord
 from kiln.runs.reference import PASSED_ON, resolve
 from kiln.training.checkpointing import remove_stale_temporaries
 from kiln.training.testing import TestChoice, missing_for, read_metrics, summarize_untested, test_after_fit
@@ -183,16 +183,19 @@ class KilnCLI(LightningCLI):
     _trained: tuple[dict[str, Any], dict[str, tuple[int, ...]], str] | None = None
 
     def __init__(
-        self, *args: Any, inside: str | None = None, callbacks: Sequence[Callback] = (), **kwargs: Any
-    ) -> None:
+        self, *args: Any, inside: str | None = None, callbacks: Sequence[Callback] = (),
+        record: RunRecord | None = None, **kwargs: Any,
+    ) -> None:  # fmt: skip
         """``inside``: the command that runs this one in its own process (``kiln sweep``), if any; ``callbacks``:
-        objects it adds to the trainer's (a sweep's reporter holding its trial)."""
+        objects it adds to the trainer's (a sweep's reporter holding its trial); ``record``: the run folder's record
+        the caller keeps (it removes the folder if the run fails unsaved), else the CLI's own."""
         self.inside, self.extra_callbacks = inside, list(callbacks)
+        self.record = record if record is not None else RunRecord()
         self._named = named_subcommand(kwargs.get("args"))
         self._given: list[str] = []  # the command line's arguments, as written (parse_arguments)
         self._parsed: list[str] = []  # what was parsed: the command line, with a checkpoint's config inserted
         self.links = DataLinks()
-        folders.new_command()
+        self._secrets: list[str] = []  # the config's secret values: W&B never reads them in sys.argv (_start_wandb)
         register_numbers()
         load_env_file()  # a notebook's build_cli reads the project's .env as the `kiln` command does
         quiet_lightning()
@@ -206,12 +209,11 @@ class KilnCLI(LightningCLI):
         if self.subcommand is not None:  # the command is done; without one (run=False) the caller trains next
             self._end_command()
 
-    @staticmethod
-    def _end_command(exit_code: int = 0) -> None:
+    def _end_command(self, exit_code: int = 0) -> None:
         """Close what the command held, so a later one in this process (a notebook) or another process starts
         clean: its W&B run, its run folder, its console."""
         finish_wandb(exit_code=exit_code)
-        folders.release()
+        self.record.close()
         console.end_command()
 
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
@@ -364,8 +366,7 @@ class KilnCLI(LightningCLI):
             print(line, file=sys.stderr)
         self._dump_config()  # what checkpoints store as hyper-parameters (LightningCLI's own dump) ...
         self.config_dump = redact(self.config_dump)  # ... without secrets
-        secrets = secret_values(config)  # W&B records sys.argv in its run file, which `wandb sync` uploads
-        sys.argv[:] = [redact_url(redact_text(arg, secrets)) for arg in sys.argv]
+        self._secrets = secret_values(config)
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         settings = sources(self._parsed, [str(default_file)])
         self.links.note(config, settings)
@@ -383,7 +384,7 @@ class KilnCLI(LightningCLI):
             trained = " (`kiln test --ckpt_path <file>` tests a trained one)" if self.subcommand == "fit" else ""
             raise UsageError(f"{setting}: {why}; give a positive value{trained}")
         prefix = "" if self.subcommand in (None, "fit") else f"{self.subcommand}-"  # results apart from training runs
-        self.run_dir = resolve_run_dir(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
+        self.run_dir = self.record.open(config.run.root, config.run.name, resume=self.resume_dir, prefix=prefix)
         console.to_run_folder(self.run_dir)
         run_paths = RunPaths(self.run_dir, self.resume_dir, config.run.root)
         run_paths.fill(config, config.run.name)
@@ -435,7 +436,11 @@ class KilnCLI(LightningCLI):
         """W&B's run starts before training, offline or off when it cannot start online (one line says so)."""
         for logger in self.trainer.loggers:
             wandb = isinstance(logger, WandbLogger) and self.trainer.is_global_zero
-            if wandb and (notice := start_or_fall_back(logger)):
+            if not wandb:
+                continue
+            with argv_shown(self._secrets):  # W&B records the command line in its run's file
+                notice = start_or_fall_back(logger)
+            if notice:
                 print(notice, file=sys.stderr)
 
     def before_validate(self) -> None:
@@ -518,12 +523,13 @@ def argv_hidden() -> Iterator[None]:
 
 
 def build_cli(
-    args: ArgsType = None, run: bool = True, inside: str | None = None, callbacks: Sequence[Callback] = ()
-) -> KilnCLI:
+    args: ArgsType = None, run: bool = True, inside: str | None = None, callbacks: Sequence[Callback] = (),
+    record: RunRecord | None = None,
+) -> KilnCLI:  # fmt: skip
     """The CLI with the default experiment's config applied first.
 
     ``run=False`` (no subcommand) only builds model, datamodule and trainer: the way notebooks and
-    tests get exactly what ``kiln fit`` would train. ``inside`` and ``callbacks``: see :class:`KilnCLI`.
+    tests get exactly what ``kiln fit`` would train. ``inside``, ``callbacks`` and ``record``: see :class:`KilnCLI`.
     """
     top: dict[str, Any] = {
         "allow_abbrev": False,  # argparse would take a typo like --trainer.max_epoch as --trainer.max_epochs
@@ -543,4 +549,5 @@ def build_cli(
         run=run,
         inside=inside,
         callbacks=callbacks,
+        record=record,
     )

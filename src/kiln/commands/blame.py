@@ -12,14 +12,12 @@ from datetime import datetime
 from pathlib import Path
 
 from kiln.errors import CallError, KilnError
-from kiln.runs import folders
 
 WORKER_TRACEBACK = "Original Traceback (most recent call last):"  # in torch's re-raised worker error
 
 
-def internal_error(err: BaseException) -> str:
-    """Save the traceback (in the run folder when there is one), and say where, in one line."""
-    folder = folders.current_run_dir()
+def internal_error(err: BaseException, folder: Path | None = None) -> str:
+    """Save the traceback (in the command's run folder ``folder`` when it has one), and say where, in one line."""
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     if folder is not None and folder.is_dir():
         saved = folder / f"error-{stamp}.log"

@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from kiln import console
 from kiln.commands.blame import causes, internal_error, said
 from kiln.errors import AlreadyFinished, Interrupted, KilnError, Preempted, Stopped, UsageError
 from kiln.process import stop_signals
 from kiln.process.secrets import load_env_file
-from kiln.runs import folders
+from kiln.runs.record import RunRecord
 
 # subcommand -> the module and function that runs it (fit, validate, test and predict: kiln.cli)
 COMMANDS = {
@@ -65,9 +66,10 @@ def usage() -> str:
     return f"usage: kiln [-v] <subcommand> [options]   (kiln <subcommand> --help for its options)\n\n{rows}"
 
 
-def _command(argv: list[str], given: bool, process: bool) -> Callable[[], object]:
+def _command(argv: list[str], given: bool, process: bool, record: RunRecord) -> Callable[[], object]:
     """What runs ``argv``'s subcommand (``given``: passed in, not this process's command line, which
-    LightningCLI reads itself; ``process``: this is the ``kiln`` process, not a call from a Python session)."""
+    LightningCLI reads itself; ``process``: this is the ``kiln`` process, not a call from a Python session;
+    ``record``: where a Lightning command's run folder is recorded)."""
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)  # `kiln` alone did nothing
@@ -85,7 +87,7 @@ def _command(argv: list[str], given: bool, process: bool) -> Callable[[], object
         return lambda: run(argv[1:])
     from kiln.cli import build_cli
 
-    return lambda: build_cli(argv if given else None)
+    return lambda: build_cli(argv if given else None, record=record)
 
 
 def _import_torch_frozen() -> None:
@@ -121,10 +123,11 @@ def _full_disk(err: BaseException) -> str | None:
     return None
 
 
-def _unexpected(err: Exception) -> str:
+def _unexpected(err: Exception, run_dir: Path | None) -> str:
     if wrapped := next((c for c in causes(err) if isinstance(c, KilnError)), None):  # jsonargparse wraps one a
         return f"error: {said(wrapped)}"  # class's __init__ raised in its own ValueError
-    return f"error: {(os_error(err) if isinstance(err, OSError) else None) or _full_disk(err) or internal_error(err)}"
+    said_here = (os_error(err) if isinstance(err, OSError) else None) or _full_disk(err)
+    return f"error: {said_here or internal_error(err, run_dir)}"
 
 
 @dataclass(frozen=True)
@@ -132,16 +135,17 @@ class _Ending:
     """How this command ends, said in one line and, for a Lightning command, recorded in its run folder."""
 
     records: bool  # false for sweep and multirun: they run `kiln fit` themselves and record each run's end
+    run: RunRecord  # a Lightning command's run folder, once it has one
 
     def record(self, state: str, detail: str = "") -> None:
         """The command's end in its run folder."""
         if self.records:
-            folders.record_status(state, detail)
+            self.run.record(state, detail)
 
     def leave(self, message: str | Callable[[], str], code: int, remove_run: bool = True) -> None:
         """Remove a run folder that holds no checkpoint, then say ``message`` (made after: it may name a file);
         a run folder that stays records how its command ended."""
-        if remove_run and (removed := folders.remove_failed_run()):
+        if remove_run and (removed := self.run.remove_if_unsaved()):
             print(f"removed {removed}: the command failed before it saved anything there", file=sys.stderr)
         line = message() if callable(message) else message
         self.record("failed" if remove_run else "interrupted", line)
@@ -170,7 +174,7 @@ def main(args: list[str] | None = None) -> None:
 @contextmanager
 def _session_kept(process: bool) -> Iterator[None]:
     """A command called from a Python session (a notebook, a test) leaves it as it found it: the environment
-    (``.env``'s keys, Lightning's seed variables, the run folder's) and no run folder remembered for the next."""
+    (``.env``'s keys, Lightning's seed variables, the run folder's)."""
     if process:  # the `kiln` process ends with its command
         yield
         return
@@ -181,7 +185,6 @@ def _session_kept(process: bool) -> Iterator[None]:
         for key in [k for k in os.environ if k not in kept]:
             del os.environ[key]
         os.environ.update(kept)
-        folders.new_command()
 
 
 def _main(argv: list[str], args: list[str] | None, process: bool) -> None:
@@ -189,9 +192,9 @@ def _main(argv: list[str], args: list[str] | None, process: bool) -> None:
     load_env_file()  # the project's .env (WANDB_API_KEY, …): under variables already set
     stop_signals.install()
     logging.raiseExceptions = False  # a log handler that cannot write (a full disk) is quiet, not 46,000 lines
-    end = _Ending(records=not (argv[:1] and argv[0] in COMMANDS))
+    end = _Ending(records=not (argv[:1] and argv[0] in COMMANDS), run=RunRecord())
     try:
-        _command(argv, given=args is not None, process=process)()
+        _command(argv, given=args is not None, process=process, record=end.run)()
         end.record("finished")
     except AlreadyFinished as done:
         print(done, file=sys.stderr)
@@ -216,4 +219,4 @@ def _main(argv: list[str], args: list[str] | None, process: bool) -> None:
             sys.exit(stop_signals.exit_code("SIGTERM"))
         raise
     except Exception as err:  # an OSError a user can act on, or an internal error
-        end.leave(partial(_unexpected, err), 1)
+        end.leave(partial(_unexpected, err, end.run.folder), 1)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
-
-from kiln.errors import UsageError
+from typing import Any
 
 try:
     import fcntl
@@ -79,11 +76,6 @@ def read_metrics(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-created: Path | None = None  # the run folder this process created (not resumed); removed if it fails unsaved
-this_run: Path | None = None  # the run folder of this process's current command, created or resumed
-created_top: Path | None = None  # the highest folder made for it (the experiment's, the root's): removed when empty
-
-
 def first_missing(path: Path) -> Path | None:
     """The highest of ``path`` and its parents that does not exist yet (what ``mkdir(parents=True)`` creates)."""
     top = None
@@ -106,17 +98,7 @@ def job_id() -> str | None:
     return None
 
 
-def new_command() -> None:
-    """Forget the folder an earlier command in this process created (a notebook's): only this one's may go."""
-    global created, created_top, this_run
-    created = created_top = this_run = None
-    release()
-
-
-_held: IO[str] | None = None  # this command's hold on its run folder
-
-
-def _launcher() -> bool:
+def launcher() -> bool:
     """Whether this process is global rank 0 of its launch (the one that holds the run folder and records its
     status): by torchrun's or SLURM's global rank, else by node and local rank (Lightning's own launch)."""
     for var in ("RANK", "SLURM_PROCID"):
@@ -125,33 +107,8 @@ def _launcher() -> bool:
     return all(int(os.environ.get(var) or 0) == 0 for var in ("NODE_RANK", "GROUP_RANK", "LOCAL_RANK"))
 
 
-def hold(run_dir: Path) -> None:
-    """Take the run folder for this command: an exclusive lock on ``<run>/.lock`` that the system drops when the
-    process ends, however it ends. A second command on the same folder (two resumes of one run) stops in one
-    line instead of training it a second time beside the first."""
-    global _held
-    if fcntl is None or not _launcher():
-        return
-    release()
-    lock = (run_dir / ".lock").open("a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise UsageError(
-            f"{run_dir} is in use by another command (process {holder}): wait for it to end, or stop it first"
-        ) from None
-    lock.seek(0)
-    lock.truncate()
-    lock.write(str(os.getpid()))
-    lock.flush()
-    _held = lock
-
-
 def in_use(run_dir: Path) -> bool:
-    """Whether a live process holds the run folder (``hold``); without a lock to ask, taken to be."""
+    """Whether a live process holds the run folder (``kiln.runs.record.hold``); without a lock to ask, taken to be."""
     if fcntl is None or not (run_dir / ".lock").is_file():
         return True
     with (run_dir / ".lock").open("a") as lock:
@@ -162,80 +119,17 @@ def in_use(run_dir: Path) -> bool:
     return False  # the lock drops as the file closes
 
 
-def release() -> None:
-    global _held
-    if _held is not None:
-        _held.close()  # closing the file drops the lock
-        _held = None
-
-
-def resolve_run_dir(root: str | Path, name: str, resume: Path | None = None, prefix: str = "") -> Path:
-    """Pick this run's folder, the same one in every process of a multi-process launch.
-
-    A resumed run keeps the folder of its checkpoint. Otherwise the launching process picks a
-    fresh timestamped folder (``prefix``: ``test-`` and so on for the evaluation commands, whose
-    folders hold results, not training runs) and exports it; Lightning's DDP
-    workers (``LOCAL_RANK`` > 0) inherit it. Cluster launches, whose processes start
-    independently, use the job id instead, so a requeued SLURM job finds its old folder.
-    """
-    global created, created_top, this_run
-    inherited = os.environ.get(RUN_DIR_ENV)
-    if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
-        return Path(inherited)
-    if resume is not None:  # a resumed run goes on in its own folder
-        hold(resume)
-        os.environ[RUN_DIR_ENV] = str(resume)
-        this_run = resume
-        record_status("running")
-        return resume
-    job = job_id()
-    if job is None and not _launcher():  # another node's first process: it cannot know rank 0's folder
-        raise UsageError(
-            "a multi-node launch without a job id: every node would pick a run folder of its own; give every "
-            f"node the same {JOB_ID_ENV}=<new id> (the folder is job-<id>), or launch with scripts/torchrun.sh or SLURM"
-        )
-    base = Path(root).resolve() / name  # absolute: W&B's service process does not share our cwd
-    created_top = first_missing(base)
-    if job is not None:
-        run_dir = base / job
-        if not run_dir.is_dir():
-            created = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)  # every process of the job, and its requeues, share it
-    else:
-        base.mkdir(parents=True, exist_ok=True)
-        stamp = prefix + datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        run_dir, n = base / stamp, 1
-        while True:  # mkdir either creates the folder or fails: two runs never share one
-            try:
-                run_dir.mkdir()
-                break
-            except FileExistsError:  # another run started in the same second
-                run_dir, n = base / f"{stamp}_{n}", n + 1
-        created = run_dir
-    hold(run_dir)
-    os.environ[RUN_DIR_ENV] = str(run_dir)
-    this_run = run_dir
-    record_status("running")  # until the command says how it ended; a kill -9 leaves it so
-    return run_dir
-
-
-def current_run_dir() -> Path | None:
-    """The run folder of the command in this process, if it got one."""
-    exported = os.environ.get(RUN_DIR_ENV)
-    return this_run or (Path(exported) if exported else None)
-
-
-def record_status(state: str, detail: str = "", run_dir: str | Path | None = None) -> None:
-    """``status.json`` in this command's run folder (global rank 0 only): ``running`` from its start, then how the
-    command ended, ``finished``, ``failed`` or ``interrupted``, with its one line; what ``kiln.results`` lists.
-    ``run_dir``: a run's own folder (``RunMetrics`` records a fit called from a notebook, outside a command)."""
+def record_status(state: str, detail: str, run_dir: str | Path) -> None:
+    """``status.json`` in the run folder ``run_dir`` (global rank 0 only): ``running`` from its command's start, then
+    how the command ended, ``finished``, ``failed`` or ``interrupted``, with its one line; what ``kiln.results``
+    lists."""
     import json
-    from datetime import datetime, timezone
+    from datetime import timezone
 
     from kiln.files import written_whole
 
-    folder = Path(run_dir) if run_dir is not None else this_run
-    if folder is None or not folder.is_dir() or not _launcher():  # a second node's first process: not rank 0
+    folder = Path(run_dir)
+    if not folder.is_dir() or not launcher():  # a second node's first process: not rank 0
         return
     record = {"status": state, "detail": detail, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     try:
@@ -256,25 +150,6 @@ def finished_since(base: Path, since: float) -> bool:
         except (OSError, ValueError):
             continue
     return False
-
-
-def remove_failed_run() -> Path | None:
-    """Remove the run folder this process created when the run failed before writing any checkpoint.
-
-    It would hold only ``config.yaml`` and logger files of a run that trained nothing, which a
-    later ``--ckpt_path last`` steps around without a word. Returns the folder removed.
-    """
-    if created is None or not created.is_dir() or any(layout(created).checkpoints.glob("*.ckpt")):
-        return None
-    shutil.rmtree(created, ignore_errors=True)
-    folder = created.parent
-    while created_top is not None and folder.is_relative_to(created_top):  # the folders made for it, if empty
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-        folder = folder.parent
-    return created
 
 
 def wandb_run_id(run_dir: Path) -> str | None:

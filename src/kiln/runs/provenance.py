@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from kiln.files import load_yaml, written_whole
-from kiln.process.secrets import REDACTED, is_secret_name, redact, redact_url
+from kiln.process.secrets import REDACTED, is_secret_name, redact, redact_text, redact_url
 from kiln.runs.folders import layout
 
 SAMPLED_FILES = 64  # files of a file-backed split whose bytes are hashed (all of them up to this many)
@@ -114,11 +114,12 @@ def command_line(argv: list[str]) -> list[str]:
 
 
 @contextmanager
-def argv_shown() -> Iterator[None]:
-    """``sys.argv`` as ``command_line`` shows it while W&B starts a run: W&B records the command in the run's file,
-    which ``wandb sync`` uploads (a sweep's report run held its ``--storage`` password)."""
+def argv_shown(secrets: list[str] | None = None) -> Iterator[None]:
+    """``sys.argv`` as ``command_line`` shows it, and without the config's ``secrets`` (values of secret-named keys,
+    however the command gave them), for as long as W&B starts a run: W&B reads the command from ``sys.argv`` into
+    the run's file, which ``wandb sync`` uploads (a sweep's report run held its ``--storage`` password)."""
     given = sys.argv[:]
-    sys.argv[:] = command_line(given)
+    sys.argv[:] = [redact_text(arg, secrets or []) for arg in command_line(given)]
     try:
         yield
     finally:

@@ -136,7 +136,7 @@ class Wandb(WandbLogger):
 
         callbacks = [c for c in self._checkpoint_callbacks.values() if getattr(c, "best_model_path", "")]
         best = Path(callbacks[0].best_model_path) if callbacks else None
-        run_dir = folders.run_of(best) if best is not None else folders.current_run_dir()
+        run_dir = folders.run_of(best) if best is not None else Path(self.save_dir) if self.save_dir else None
         if run_dir is None:
             return
         last = folders.layout(run_dir).last

@@ -15,6 +15,7 @@ from kiln import console
 from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, Stopped
 from kiln.process import stop_signals
 from kiln.runs import folders
+from kiln.runs.record import RunRecord
 
 STOPPED = (Stopped, Preempted, Interrupted)
 
@@ -24,17 +25,20 @@ def fit(args: list[str], inside: str, callbacks: Sequence[Any] = ()) -> Any:
     hidden for the call; ``callbacks`` join the trainer's."""
     from kiln.cli import argv_hidden, build_cli
 
+    record = RunRecord()
     try:
         with argv_hidden():
-            cli = build_cli(["fit", *args], inside=inside, callbacks=callbacks)
-        folders.record_status("finished")
+            cli = build_cli(["fit", *args], inside=inside, callbacks=callbacks, record=record)
+        record.record("finished")
         return cli
     except Exception as err:  # a stop, a user error or a crash: the run's folder says which
         line = str(err).splitlines()[0] if str(err) else type(err).__name__
-        folders.record_status("interrupted" if isinstance(err, STOPPED) else "failed", line)
+        record.record("interrupted" if isinstance(err, STOPPED) else "failed", line)
+        if not isinstance(err, STOPPED):  # the same command resumes a stopped run; a failed one saved nothing
+            record.remove_if_unsaved()
         raise
     except BaseException as err:  # Ctrl-C, Lightning's SIGTERMException (a SystemExit)
-        folders.record_status("interrupted", type(err).__name__)
+        record.record("interrupted", type(err).__name__)
         raise
 
 
@@ -59,8 +63,7 @@ def under_policy(
         print(f"{name}: interrupted; the same command resumes it from its last.ckpt", file=sys.stderr)
         stopped()
         raise
-    except Exception as err:
-        folders.remove_failed_run()
+    except Exception as err:  # an in-process run's folder is gone if it saved nothing (``fit``)
         failed(failure_line(err))
         if isinstance(err, (NeedsOwnProcess, *fatal)):
             raise  # every run would fail the same way
