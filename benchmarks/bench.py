@@ -60,7 +60,7 @@ WORKLOADS: dict[str, tuple[list[str], int]] = {
 COMPILE_MODES = ["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 # kinds measured per workload: raw loop, template; on GPU also the optimised raw loop, the on-device data path,
 # and the ceiling: the optimised net and optimizer on batches already on the GPU, nothing else
-KINDS = {"default": ["raw", "raw_batched", "template"], "resnet": ["raw", "template"],
+KINDS = {"default": ["raw", "raw_batched", "lightning", "template"], "resnet": ["raw", "template"],
          "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device", "ceiling"]}  # fmt: skip
 
 
@@ -278,26 +278,9 @@ def run_template(
 ) -> dict:
     """The template's own `fit`: default callbacks, W&B (offline) and the progress bar all on (``extra``: more
     CLI arguments, to measure what a setting costs)."""  # fmt: skip
-    from lightning.pytorch import Callback
+    from bare_lightning import StepTimer  # benchmarks/bare_lightning.py
 
     from kiln.cli import build_cli
-
-    class Timer(Callback):
-        first_step: float | None = None
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if self.first_step is None:
-                self.first_step = time.time() - started
-
-        def on_train_epoch_start(self, trainer, pl_module) -> None:
-            if trainer.current_epoch == 1:
-                sync(pl_module.device)
-                self.timed_from, self.steps_before = time.perf_counter(), trainer.global_step
-
-        def on_train_end(self, trainer, pl_module) -> None:
-            sync(pl_module.device)
-            self.rate = (trainer.global_step - self.steps_before) / (time.perf_counter() - self.timed_from)
-            self.device = pl_module.device
 
     runs = tempfile.mkdtemp(prefix="kiln-bench-")
     atexit.register(shutil.rmtree, runs, ignore_errors=True)  # last, after W&B's own exit handlers
@@ -309,7 +292,7 @@ def run_template(
     if kind == "template_on_device":
         args = [*args, "--data.on_device", "true", "--data.num_workers", "0"]
     cli = build_cli([*args, *(extra or []), "--trainer.max_epochs", str(epochs), "--run.root", runs], run=False)
-    timer = Timer()
+    timer = StepTimer(started)
     cli.trainer.callbacks.append(timer)  # type: ignore[attr-defined]
     if profile is not None:
         from profiling import lightning_windows  # benchmarks/profiling.py
@@ -406,6 +389,7 @@ def one(kind: str, workload: str, small: bool, settings: list[str]) -> dict[str,
 COMPARISONS = [
     ("default", "raw", "template", "template / raw loop"),
     ("default", "raw_batched", "template", "template / raw loop with the template's batches (loop cost only)"),
+    ("default", "lightning", "template", "template / bare Lightning, same net and batches (kiln's own cost)"),
     ("resnet", "raw", "template", "template / raw loop"),
     ("cifar_gpu", "raw", "raw_fast", "optimised / fp32 eager (raw loops, DataLoader)"),
     ("cifar_gpu", "raw", "ceiling", "ceiling / fp32 eager raw loop: the most the optimised settings can give"),
@@ -448,6 +432,10 @@ def measure_once(options: argparse.Namespace) -> dict[str, float]:
     run = (options.workload, epochs, options.started, options.one, options.smoke)
     if options.one.startswith("raw"):
         return run_raw(*run, compile_mode=options.compile_mode)
+    if options.one == "lightning":  # benchmarks/bare_lightning.py
+        from bare_lightning import run_lightning
+
+        return {**run_lightning(epochs, options.started, options.smoke), **peak_memory("cpu")}
     if options.one == "ceiling":
         return run_ceiling(*run, compile_mode=options.compile_mode, profile=options.profile)
     extra = shlex.split(options.template_args)

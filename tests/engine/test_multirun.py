@@ -156,6 +156,7 @@ def test_a_ddp_preset_in_process_stops_multirun_in_one_line(capsys: pytest.Captu
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a multirun's stop: no fork proof covers it
 def test_a_stopped_multirun_sums_up_what_finished_and_another_array_tasks_rerun_resumes_the_cut_run(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -193,6 +194,7 @@ def test_a_stopped_multirun_sums_up_what_finished_and_another_array_tasks_rerun_
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a multirun's stop: no fork proof covers it
 def test_a_stop_as_a_subprocess_run_ends_fitting_stops_the_command_and_the_rerun_tests_it(tmp_path: Path) -> None:
     """The command went on to the next run: the stop reached only the run that was ending."""
     probe = ["--trainer.callbacks+=probes.SignalAtFitEnd", "--trainer.callbacks.only_in=seed0",

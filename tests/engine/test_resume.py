@@ -210,6 +210,7 @@ def validated_whole(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a stop in validation: the fork proof covers one in a training step
 @pytest.mark.parametrize("epoch", [1, 2], ids=["middle_epoch", "last_epoch"])
 def test_sigterm_during_validation_is_validated_again_on_resume(
     tmp_path: Path, epoch: int, validated_whole: Path
@@ -306,6 +307,7 @@ def test_a_signal_stops_validate_test_and_predict_in_one_line(
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a stop in the test after fit: the fork proof covers one in a training step
 def test_a_signal_during_the_test_after_fit_keeps_the_training_and_the_rerun_only_tests(tmp_path: Path) -> None:
     probe = ["--trainer.callbacks+=probes.SignalInEvaluation", "--trainer.callbacks.stage=test",
              "--trainer.callbacks.batch=0", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip

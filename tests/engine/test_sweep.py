@@ -180,6 +180,7 @@ def probed_sweep(tmp_path: Path, probe: list[str], n_trials: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a sweep driver's signals: no fork proof covers them
 @pytest.mark.parametrize("probe", ["SignalAtFitEnd", "SignalAsItExits"], ids=["fit_end", "exiting"])
 def test_a_stop_as_a_subprocess_trial_ends_keeps_its_result_and_stops_the_sweep_before_another(
     tmp_path: Path, probe: str
@@ -228,6 +229,7 @@ def test_in_process_trials_refuse_ddp_in_one_line_naming_subprocess(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.real_process  # a sweep driver's signals: no fork proof covers them
 def test_sigterm_in_trial_2_then_the_same_command_resumes_it_and_ends_with_4_trials(tmp_path: Path) -> None:
     probe = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=3",
              f"--trainer.callbacks.marker={tmp_path / 'sent'}", "--trainer.callbacks.only_in=trial-0002"]  # fmt: skip

@@ -9,6 +9,7 @@ A checkpoint of another network class is refused, as its weights would match onl
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -70,3 +71,17 @@ def load_weights(model: nn.Module, path: str, partial: bool = False) -> str:
         if keys:
             line += f"; {what}: {_names(keys)}"
     return line
+
+
+def apply_init_from(model: nn.Module, config: Any, subcommand: str | None) -> None:
+    """``--init_from``: a new ``fit`` from the weights of another run's checkpoint, said in one line; a resume of the
+    run itself (``--ckpt_path``) goes on from its own weights instead."""
+    if not config.get("init_from"):
+        return
+    if subcommand not in (None, "fit"):
+        raise UsageError(f"--init_from starts a new `fit` from a checkpoint's weights; for {subcommand}, "
+                         "name the checkpoint with --ckpt_path")  # fmt: skip
+    if config.get("ckpt_path"):  # the same command with `--ckpt_path last` goes on after a stop
+        print(f"--init_from {config.init_from}: not applied, the run resumes its own checkpoint", file=sys.stderr)
+    else:
+        print(load_weights(model, config.init_from, partial=config.init_partial), file=sys.stderr)

@@ -187,3 +187,15 @@ def keep_given_secrets(hparams: dict[str, Any], given: Namespace, merged: Namesp
             name = key.removeprefix("model.")
             if name in given:
                 merged[name] = given[name]
+
+
+def check_resume(checkpoint: dict[str, Any], config: Namespace) -> None:
+    """A ``fit`` resuming ``checkpoint`` with the command's ``config``: refused where it would change what the
+    checkpoint trained (model settings, data, the weight average, fewer epochs), its seed and data statistics kept."""
+    ckpt_path = config.ckpt_path
+    refuse_changed_settings(checkpoint.get("hyper_parameters", {}), config.model, ckpt_path)
+    keep_saved_stats(checkpoint.get("datamodule_hyper_parameters"), config.data)
+    refuse_changed_data(checkpoint.get("datamodule_hyper_parameters"), config.data, ckpt_path)
+    refuse_dropped_average(checkpoint, config.trainer.callbacks, ckpt_path)
+    refuse_fewer_epochs(checkpoint, config.trainer.max_epochs, ckpt_path)
+    keep_run_seed(config, ckpt_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -123,3 +124,30 @@ def write_metrics(run_dir: Path, trainer: Trainer, results: list[TestResult]) ->
     """The test section of ``metrics.json`` (with epochs and steps trained); it marks a tested run."""
     update_metrics(run_dir, epochs=trainer.current_epoch, global_step=trainer.global_step,
                    test=[asdict(result) for result in results])  # fmt: skip
+
+
+def after_fit(trainer: Trainer, model: LightningModule, datamodule: Any, run: Any) -> dict[str, float] | None:
+    """What follows a fit that ended: the test after fit (``run.test_after_fit``) and the summary, or the summary
+    alone, saying why nothing was tested. A stop that came between fit and test begins no test."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from kiln import console
+    from kiln.errors import Preempted
+    from kiln.process import stop_signals
+
+    summary = run.summary or console.verbose()
+    missing = missing_for("test", model, datamodule)
+    if not run.test_after_fit or missing:
+        summarize_untested(trainer, summary, missing)
+        return None
+    try:
+        if (name := stop_signals.received()) is not None:  # came between fit and its test: no test begins
+            raise SIGTERMException if name == "SIGTERM" else Preempted(f"{name} before the test after fit")
+        return test_after_fit(trainer, model, datamodule, run.test_ckpt, summary)
+    except (SIGTERMException, Preempted):
+        print(
+            "the test after fit was stopped; training is complete: the same command with "
+            "`--ckpt_path last` tests it without training",
+            file=sys.stderr,
+        )
+        raise

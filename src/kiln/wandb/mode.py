@@ -153,3 +153,12 @@ def finish_wandb(exit_code: int = 0) -> None:
             wandb.teardown(exit_code)  # the service ends once every file is whole; the next run starts its own
         except Exception as err:  # a full disk, a server gone: what it logged is what there is
             print(f"W&B: the run could not be closed cleanly ({_first_line(err)})", file=sys.stderr)
+
+
+def start_runs(loggers: list[Any]) -> None:
+    """Start each ``WandbLogger``'s run (``start_or_fall_back``); one line for each that fell back."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and (notice := start_or_fall_back(logger)):
+            print(notice, file=sys.stderr)
