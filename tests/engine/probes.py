@@ -407,3 +407,32 @@ class PixelNet(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class TwoHeads(LightningModule):
+    """A forward with two named outputs, class scores and a 2-value box: a multi-head model, in plain Lightning."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64 * in_channels, 16), torch.nn.ReLU())
+        self.scores, self.box = torch.nn.Linear(16, num_classes), torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.body(x)
+        return {"scores": self.scores(features), "box": self.box(features)}
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        out = self(batch[0])
+        return torch.nn.functional.cross_entropy(out["scores"], batch[1]) + out["box"].pow(2).mean()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._loss(batch)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/loss", self._loss(batch))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("test/loss", self._loss(batch))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -69,6 +69,40 @@ def test_export_agrees_with_the_eager_model_and_infer_runs_without_torch(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_forward_of_several_named_outputs_exports_each_and_infer_writes_each_ones_columns(tmp_path: Path) -> None:
+    """A multi-head model's forward (a dict: class scores and a box) was refused: "an export takes a forward that
+    returns one tensor"."""
+    import onnxruntime
+
+    fit = build_cli(["fit", "--model", "probes.TwoHeads", *LIMIT, *QUIET, "--run.root", str(tmp_path),
+                     "--run.test_after_fit=false"])  # fmt: skip
+    out = tmp_path / "served"
+    main(["export", "--ckpt_path", fit.trainer.checkpoint_callback.best_model_path,  # type: ignore[union-attr]
+          "--output", str(out), "--batch_sizes", "1,7"])  # fmt: skip
+    assert json.loads((out / "preprocess.json").read_text())["output_names"] == ["scores", "box"]
+    model, x = fit.model.eval(), torch.randn(5, 1, 8, 8)
+    with torch.inference_mode():
+        want = model(x)
+        pt2 = torch.export.load(out / "model.pt2").module()(x)
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["scores", "box"]
+    for name, got in zip(["scores", "box"], session.run(None, {"input": x.numpy()}), strict=True):
+        assert torch.allclose(torch.from_numpy(got), want[name], atol=1e-5) and torch.allclose(pt2[name], want[name])
+    images = write_image_folder(tmp_path / "images", classes=2, per_class=2)
+    main(["infer", "--model", str(out / "model.onnx"), "--output", str(tmp_path / "p.csv"), str(tmp_path / "images")])
+    with (tmp_path / "p.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    columns = [*(f"scores_{i}" for i in range(10)), "box_0", "box_1"]
+    assert list(rows[0]) == ["path", *columns]
+    mean, std = fit.datamodule.mean, fit.datamodule.std
+    with torch.inference_mode():
+        inputs = torch.stack([decode(p, 1, (8, 8)).float() / 255 for p in sorted(images)])
+        eager = model((inputs - mean[0]) / std[0])
+    got = torch.tensor([[float(row[c]) for c in columns] for row in rows])
+    assert torch.allclose(got, torch.cat([eager["scores"], eager["box"]], dim=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_preprocess_json_of_a_signal_model_prepares_raw_signals_as_training_did(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -287,7 +287,7 @@ class SyncFreeGuard(NonFiniteGuard):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_guard_checks_every_step_without_a_host_sync() -> None:
+def test_gpu_guard_skips_the_one_non_finite_step_and_leaves_the_weights_finite() -> None:
     guard = SyncFreeGuard(action="skip", check_every_n_steps=5)
     model = Classifier(NaNAtSteps(steps=[3], in_channels=1, num_classes=10), num_classes=10)  # fused AdamW
     trainer = Trainer(accelerator="gpu", devices=1, max_steps=12, limit_val_batches=0, callbacks=[guard],

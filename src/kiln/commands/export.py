@@ -113,19 +113,35 @@ def _run(run: Any, chunk: Tensor, traced: int) -> Any:
         ) from None
 
 
+def named_outputs(outputs: Any) -> dict[str, Tensor] | None:
+    """A forward's outputs by name: one tensor is ``output``; a tuple or list ``output0``, ``output1``, …; a dict of
+    tensors keeps its keys, in order. None for anything else (a tensor inside another structure, a number)."""
+    if isinstance(outputs, Tensor):
+        return {"output": outputs}
+    if isinstance(outputs, tuple | list) and outputs and all(isinstance(t, Tensor) for t in outputs):
+        return {f"output{i}": t for i, t in enumerate(outputs)}
+    if isinstance(outputs, dict) and outputs and all(isinstance(k, str) and isinstance(t, Tensor)
+                                                      for k, t in outputs.items()):  # fmt: skip
+        return dict(outputs)
+    return None
+
+
 def parity(run: Any, eager: nn.Module, inputs: Tensor, example: Tensor, batch_sizes: list[int],
            classifier: bool) -> dict[str, Any]:  # fmt: skip
-    """Max |difference| of every output of ``run`` (an exported model) against ``eager``, per batch size; for a
-    classifier also the share of samples whose top class agrees."""
+    """Max |difference| of every output of ``run`` (an exported model, its outputs in the eager forward's order)
+    against ``eager``, per batch size; for a classifier also the share of samples whose top class agrees."""
     found: dict[str, Any] = {}
     with torch.inference_mode():
         for size in batch_sizes:
             worst, agree = 0.0, 0
             for chunk in inputs.split(size):
                 stop_signals.stop_here("kiln export stopped; nothing was written")
-                want, got = eager(chunk), torch.as_tensor(_run(run, chunk, len(example)))
-                worst = max(worst, (want - got).abs().max().item())
-                agree += int((want.argmax(-1) == got.argmax(-1)).sum()) if classifier else 0
+                wanted = named_outputs(eager(chunk)) or {}
+                got = _run(run, chunk, len(example))
+                for want, out in zip(wanted.values(), got, strict=True):
+                    worst = max(worst, (want - torch.as_tensor(out)).abs().max().item())
+                want, out = next(iter(wanted.values())), torch.as_tensor(got[0])
+                agree += int((want.argmax(-1) == out.argmax(-1)).sum()) if classifier else 0
             found[str(size)] = {
                 "max_abs_diff": worst,
                 **({"top1_agreement": agree / len(inputs)} if classifier else {}),
@@ -147,25 +163,26 @@ def _quiet_export_logs() -> Iterator[None]:
 
 def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: list[str], inputs: Tensor,
                    batch_sizes: list[int], report: dict[str, Any], classifier: bool) -> None:  # fmt: skip
-    """Export each format into ``staging`` (the module's own forward: nothing added) and add its parity against
-    ``served`` to ``report``."""
+    """Export each format into ``staging`` (the module's own forward: nothing added; several outputs named as
+    ``named_outputs`` names them) and add its parity against ``served`` to ``report``."""
     batch = torch.export.Dim("batch", min=1)
     stop_signals.stop_here("kiln export stopped; nothing was written")
     if "onnx" in formats:
         import onnxruntime
 
         torch.onnx.export(served, (example,), staging / "model.onnx", dynamo=True, verbose=False,
-                          external_data=False, input_names=["input"], output_names=["output"],
+                          external_data=False, input_names=["input"], output_names=report["output_names"],
                           dynamic_shapes=({0: batch},))  # fmt: skip
         session = onnxruntime.InferenceSession(staging / "model.onnx", providers=["CPUExecutionProvider"])
-        run = lambda x: session.run(None, {"input": x.numpy()})[0]  # noqa: E731
+        run = lambda x: session.run(None, {"input": x.numpy()})  # noqa: E731
         report["onnx"] = parity(run, served, inputs, example, batch_sizes, classifier)
     if "pt2" in formats:
         stop_signals.stop_here("kiln export stopped; nothing was written")
         program = torch.export.export(served, (example,), dynamic_shapes=({0: batch},))
         torch.export.save(program, staging / "model.pt2")
         reloaded = torch.export.load(staging / "model.pt2").module()
-        report["pt2"] = parity(reloaded, served, inputs, example, batch_sizes, classifier)
+        run = lambda x: list((named_outputs(reloaded(x)) or {}).values())  # noqa: E731
+        report["pt2"] = parity(run, served, inputs, example, batch_sizes, classifier)
 
 
 def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
@@ -178,10 +195,10 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
     example = inputs[: max(2, min(7, len(inputs)))]
     with torch.inference_mode():
         outputs = served(example)
-    if not isinstance(outputs, Tensor):
+    if (names := named_outputs(outputs)) is None:
         raise UsageError(f"kiln export: {type(served).__name__}.forward returns a {type(outputs).__name__}; "
-                         "an export takes a forward that returns one tensor")  # fmt: skip
-    classifier = classifier_of(served, data, outputs) is not None
+                         "an export takes a forward that returns a tensor, or a tuple or dict of them")  # fmt: skip
+    classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None
     output.parent.mkdir(parents=True, exist_ok=True)
     weights = sum(t.numel() * t.element_size() for t in served.state_dict().values())
     needed, free = len(formats) * weights + 16 * 2**20, shutil.disk_usage(output.parent).free  # + graphs, reports
@@ -191,7 +208,7 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
             f"{needed / 2**20:.0f} MiB: free some, or give another --output"
         )
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance,
-                              "output": "logits" if classifier else "output"}  # fmt: skip
+                              "output": "logits" if classifier else "output", "output_names": list(names)}  # fmt: skip
     if version is not None:
         report["checkpoint_version"] = version
     caught: list[warnings.WarningMessage] = []
@@ -203,7 +220,8 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
             first = sorted({str(w.message).splitlines()[0][:100] for w in caught})[0]
             print(f"torch's exporters warned {len(caught)} times (the first: {first}); the parity check "
                   "says whether the files are right", file=sys.stderr)  # fmt: skip
-        (staging / "preprocess.json").write_text(json.dumps(preprocess(data, example, classifier), indent=2))
+        spec = {**preprocess(data, example, classifier), "output_names": list(names)}
+        (staging / "preprocess.json").write_text(json.dumps(spec, indent=2))
         (staging / "parity.json").write_text(json.dumps(report, indent=2))
         bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
                if r["max_abs_diff"] > tolerance or r.get("top1_agreement", 1.0) < 1.0]  # fmt: skip

@@ -98,15 +98,24 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def rows(outputs: np.ndarray, spec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values."""
+def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values (a model of
+    several outputs: each output's, named ``<output>`` or ``<output>_<i>``)."""
+    if len(outputs) > 1:
+        header, columns = [], []
+        for name, out in zip(spec["output_names"], outputs, strict=True):
+            flat = out.reshape(len(out), -1)
+            header += [name] if flat.shape[1] == 1 else [f"{name}_{i}" for i in range(flat.shape[1])]
+            columns.append(flat)
+        return header, [[f"{v:.6g}" for v in row] for row in np.concatenate(columns, axis=1)]
+    one = outputs[0]
     if spec.get("class_names") is not None or spec.get("output") in ("logits", "probabilities"):
-        probs = softmax(outputs) if spec.get("output") == "logits" else outputs  # probabilities: an older export
+        probs = softmax(one) if spec.get("output") == "logits" else one  # probabilities: an older export
         names = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
         best = probs.argmax(axis=1)
         header = ["predicted", "class", *(f"p_{name}" for name in names)]
         return header, [[int(b), names[b], *(f"{p:.6f}" for p in row)] for b, row in zip(best, probs, strict=True)]
-    flat = outputs.reshape(len(outputs), -1)
+    flat = one.reshape(len(one), -1)
     header = ["prediction"] if flat.shape[1] == 1 else [f"prediction_{i}" for i in range(flat.shape[1])]
     return header, [[f"{v:.6g}" for v in row] for row in flat]
 
@@ -139,7 +148,8 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
         named = [(path, i) for path, array in samples for i in range(len(array))]
         everything = _normalised(np.concatenate([array for _, array in samples]), spec)
         chunks = (everything[part] for part in batches(len(everything), batch_size))
-    outputs = np.concatenate([session.run(None, {spec["input"]: chunk})[0] for chunk in chunks])
+    ran = [session.run(None, {spec["input"]: chunk}) for chunk in chunks]
+    outputs = [np.concatenate(parts) for parts in zip(*ran, strict=True)]  # each output's, over the batches
     header, values = rows(outputs, spec)
     partial = output.with_name(f".{output.name}.partial")
     with partial.open("w", newline="") as f:  # renamed when complete: never a half-written file
