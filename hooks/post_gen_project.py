@@ -105,6 +105,8 @@ def rewrite(path: Path) -> None:
         text = text.replace('readme = "README.md"', 'readme = "README.md"\n' + author, 1)
     if path.name == "README.md" and path.parent == Path("."):
         body = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.DOTALL)
+        body = re.sub(r"<!-- project-only\n(.*?)-->\n", r"\1", body, flags=re.DOTALL)  # shown in the project only
+        body = re.sub(r"^tests/engine/ .*\n", "", body, flags=re.MULTILINE)  # the layout's line for the engine's suite
         text = f"# {NAME}\n\n{DESCRIPTION}\n\n" + body[body.index("## ") :]
     if path.name == "train.yaml":  # the W&B project the runs log to: the project's own
         text = re.sub(rf"^(\s+project:) {ENGINE}$", rf"\1 {SLUG}", text, flags=re.MULTILINE)

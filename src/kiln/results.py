@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.files import broken_archives, load_yaml
-from kiln.runs.folders import in_use, layout, read_metrics
+from kiln.runs.folders import DEFAULT_ROOT, in_use, layout, read_metrics
 from kiln.runs.metrics import run_metrics
 from kiln.runs.picking import partial_data
 
@@ -87,13 +87,13 @@ def status(run_dir: str | Path) -> tuple[str, str]:
     return "unknown", ""
 
 
-def run_folders(root: str | Path = "runs") -> list[Path]:
+def run_folders(root: str | Path = DEFAULT_ROOT) -> list[Path]:
     """Every run folder under ``root`` (a folder with a ``config.yaml``: fits, trials, multirun runs), oldest first."""
     found = [p.parent for p in Path(root).glob(f"**/{layout('').config.name}") if "wandb" not in p.parts]
     return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
 
 
-def runs(root: str | Path = "runs", keys: str | Iterable[str] = "varying") -> pd.DataFrame:
+def runs(root: str | Path = DEFAULT_ROOT, keys: str | Iterable[str] = "varying") -> pd.DataFrame:
     """One row per run: experiment, run, status, resumable, its checkpoints that no longer load (``broken``), what
     data it trained on, the logger files it left (``csv``, ``wandb``, ``tensorboard``: what :func:`history` reads),
     epochs, steps, seconds, its metrics by weights (``val/loss @best``, ``test/acc @best``, ``test/acc @last``) and

@@ -84,7 +84,10 @@ def test_generation_renames_the_research_package_and_leaves_the_engine_whole(tem
     named = re.compile(r"(?<![\w.-])research(?=\.\w|/|`|\"|'|\s+import\b)|(?<=\bimport )research\b")
     mentions = [p for p in project.rglob("*") if p.is_file() and named.search(p.read_text(errors="ignore"))]
     assert mentions == []
-    assert (project / "README.md").read_text().startswith("# Retina Scan\n\nFinds things in retinas.\n")
+    readme = (project / "README.md").read_text()
+    assert readme.startswith("# Retina Scan\n\nFinds things in retinas.\n")
+    assert "tests/engine" not in readme and "10 min" not in readme and "-->" not in readme  # the template's own
+    assert "`make test` runs this project's own tests" in readme  # what its make test does: the project's part
     pyproject = (project / "pyproject.toml").read_text()
     assert 'name = "retina-scan"' in pyproject and 'kiln = "kiln.__main__:main"' in pyproject
     assert '"src/kiln", "src/retina_scan"' in pyproject

@@ -9,6 +9,7 @@ from jsonargparse.typing import PositiveInt
 
 from kiln.cli.links import DataLinks
 from kiln.cli.whole_numbers import keep_whole_numbers
+from kiln.runs.folders import DEFAULT_ROOT
 from kiln.training.testing import TestChoice
 
 
@@ -33,7 +34,7 @@ class RunOptions:
     """
 
     name: str = "default"
-    root: str = "runs"
+    root: str = DEFAULT_ROOT
     test_after_fit: bool = True
     test_ckpt: TestChoice = "both"
     cpu_threads: PositiveInt | None = None

@@ -27,6 +27,7 @@ from kiln.commands.arguments import OneLineParser, parse_command, resolved_confi
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml, written_whole
 from kiln.process.process_group import check_one_process
+from kiln.runs.folders import DEFAULT_ROOT
 
 
 def parse(args: list[str]) -> tuple[Any, list[str]]:
@@ -163,7 +164,7 @@ def tune_command(args: list[str]) -> None:
         raise UsageError(f"kiln tune lr: no suggestion from {len(test.lrs)} steps (the loss never fell); "
                          "raise --num_training or --max_lr")  # fmt: skip
     run = (load_yaml(resolved_config(fit_args)) or {}).get("run") or {}  # where the fit would write
-    folder = Path(run.get("root") or "runs") / str(run.get("name") or cli.config.run.name)
+    folder = Path(run.get("root") or DEFAULT_ROOT) / str(run.get("name") or cli.config.run.name)
     folder = folder / datetime.now().strftime("tune-%Y-%m-%d_%H-%M-%S")
     write_results(folder, test, suggestion, optimizer_name(cli), options.min_lr, options.max_lr)
     command = " ".join(["kiln fit", *fit_args, "-c", str(folder / "tuned.yaml")])

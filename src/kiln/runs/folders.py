@@ -14,6 +14,7 @@ except ImportError:  # not on Windows: two commands on one run folder are not re
     fcntl = None  # type: ignore[assignment]
 
 RUN_DIR_ENV = "KILN_RUN_DIR"
+DEFAULT_ROOT = "runs"  # run.root when a command gives none (kiln.cli.run_options.RunOptions)
 
 
 @dataclass(frozen=True)

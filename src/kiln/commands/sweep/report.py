@@ -15,7 +15,7 @@ from rich.table import Table
 from kiln.commands.sweep.inprocess import describe
 from kiln.commands.sweep.space import Sweep
 from kiln.files import dump_yaml, load_yaml, written_whole
-from kiln.runs.folders import layout
+from kiln.runs.folders import DEFAULT_ROOT, layout
 from kiln.runs.provenance import argv_shown
 
 
@@ -64,7 +64,7 @@ def write_best(best: Any, run_dir: Path, config: dict[str, Any], sweep: Sweep, s
     """``best.yaml``: the best trial's own config, so ``kiln fit -c best.yaml`` trains it again."""
     config = portable(config, run_dir)
     config.setdefault("run", {})["name"] = f"{sweep.name}-best"
-    config["run"]["root"] = "runs"
+    config["run"]["root"] = DEFAULT_ROOT  # the rerun is a run of its own, not a trial
     config["run"].pop("summary", None)  # trials leave the summary to the sweep; the rerun ends on its own
     given = " ".join(sweep.args).replace("test_after_fit ", "test_after_fit=")
     # trials skip the test (the sweep needs validation only); the rerun tests, unless the sweep's own args said no
