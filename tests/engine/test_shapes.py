@@ -18,7 +18,7 @@ from test_surface import PUBLIC, engine_imports
 import research.data
 from kiln.cli import build_cli
 from kiln.cli.config_errors import skeleton
-from kiln.cli.links import TARGETS
+from kiln.cli.links import link_targets
 from kiln.data import SyntheticDataModule
 from kiln.errors import ConfigError, UsageError
 from research.data import DigitsDataModule
@@ -38,7 +38,7 @@ def written_keys(value: object, path: str = "") -> set[tuple[str, ...]]:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: p.relative_to(CONFIGS).as_posix())
 def test_no_config_restates_what_the_data_declares(config: Path) -> None:
-    restated = written_keys(yaml.safe_load(config.read_text()) or {}) & {skeleton(t) for t in TARGETS}
+    restated = written_keys(yaml.safe_load(config.read_text()) or {}) & {skeleton(t) for t in link_targets()}
     assert not restated, f"{config.name} states {restated}: the data declares it"
 
 
@@ -169,3 +169,47 @@ def test_the_readme_dataset_example_trains_with_the_lines_it_counts(
     cli = build_cli(["fit", "-c", str(tmp_path / "my_signals.yaml"), *LIMIT, "--trainer.logger", "false"])
     assert cli.trainer.state.finished and cli.model.net.in_channels == 2 and cli.model.num_classes == 3
     assert Path(cli.trainer.default_root_dir).parent.name == "my_signals"
+
+
+POSES = """
+import torch
+from lightning.pytorch import LightningDataModule, LightningModule
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Poses(LightningDataModule):
+    num_joints = 5  # a declaration kiln has no name of its own for
+
+    def setup(self, stage):
+        self.set = TensorDataset(torch.randn(16, 6), torch.randn(16, 10))
+
+    def train_dataloader(self):
+        return DataLoader(self.set, batch_size=8)
+
+
+class PoseNet(LightningModule):
+    def __init__(self, num_joints: int):
+        super().__init__()
+        self.num_joints, self.layer = num_joints, torch.nn.Linear(6, 2 * num_joints)
+"""
+
+
+def test_a_declaration_the_project_names_links_into_the_model_with_no_engine_edit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pose task's `num_joints` needed an edit of the engine's fixed list of declarations (cli/links.py)."""
+    (tmp_path / "poses.py").write_text(POSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["--model", "poses.PoseNet", "--data", "poses.Poses", "--trainer.logger", "false"]
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "poses"\n\n[tool.kiln]\ndeclares = ["num_joints"]\n')
+    assert build_cli(args, run=False).model.num_joints == 5
+    with pytest.raises(UsageError) as err:
+        build_cli([*args, "--model.init_args.num_joints", "4"], run=False)
+    assert "4 contradicts the data: Poses has num_joints 5. Drop the setting" in str(err.value)
+    (tmp_path / "pyproject.toml").write_text('[tool.kiln]\ndeclares = "num_joints"\n')
+    with pytest.raises(ConfigError) as bad:
+        build_cli(args, run=False)
+    assert (
+        str(bad.value) == "pyproject.toml: [tool.kiln] declares = 'num_joints': give a list of argument names, "
+        'e.g. ["num_joints"]'
+    )

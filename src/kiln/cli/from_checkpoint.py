@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from torch import nn
 
-from kiln.cli.links import TARGETS, DataLinks, drop_link_targets
+from kiln.cli.links import DataLinks, drop_link_targets, link_targets
 from kiln.cli.moved import rehome_checkpoint
 from kiln.cli.resume_check import flat, init_only, saved_model
 from kiln.errors import UsageError
@@ -118,7 +118,7 @@ def refuse_unloadable(hparams: dict[str, Any], shapes: dict[str, tuple[int, ...]
     changed = [(k, saved[k], v) for k, v in given.items() if k in saved and saved[k] != v]
     if changed:
         key, before, after = changed[0]
-        source = " (from the data)" if key in TARGETS else ""
+        source = " (from the data)" if key in link_targets() else ""
         raise UsageError(
             f"{key}{source}: the checkpoint {ckpt} was trained with {before!r}, this command gives {after!r}; "
             f"its weights do not fit ({weights}): drop the override, or train a new model"

@@ -26,10 +26,21 @@ from kiln.training import contracts
 # what a datamodule may declare (kiln.training.contracts); each goes to the model's and the network's argument of
 # the same name, where the chosen class takes one (num_outputs: a logit per class, or a value per target)
 DECLARED = ("num_classes", "num_outputs", "in_channels", "input_shape", "vocab_size", "block_size")
-LINKS: tuple[tuple[str, str], ...] = tuple(
-    (name, f"model.init_args.{owner}{name}") for name in DECLARED for owner in ("", "net.init_args.")
-)
-TARGETS = frozenset(target for _, target in LINKS)
+
+
+def declarations() -> tuple[str, ...]:
+    """Everything the data may declare: kiln's names, then the project's."""
+    return DECLARED + tuple(name for name in contracts.project_declarations() if name not in DECLARED)
+
+
+def links(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``(declaration, target)``: each name into the model's argument and the network's of the same name."""
+    return tuple((name, f"model.init_args.{owner}{name}") for name in names for owner in ("", "net.init_args."))
+
+
+def link_targets() -> frozenset[str]:
+    """Every key the data sets in the model and the network (never restated, never compared on a resume)."""
+    return frozenset(target for _, target in links(declarations()))
 
 
 def _is_key(key: str) -> Callable[[str, Any], bool]:
@@ -57,9 +68,11 @@ class DataLinks:
         self.config: Namespace | None = None  # the subcommand's config: it records the statistics set from the net
         self.stats_written: str | None = None  # where the user wrote data.mean or data.std, if they did
         self.stats_pending = False  # the net declares statistics, to apply once the data exists
+        self.links: tuple[tuple[str, str], ...] = ()  # (declaration, target), as add_to linked them
 
     def add_to(self, parser: LightningArgumentParser) -> None:
-        for attr, target in LINKS:
+        self.links = links(declarations())
+        for attr, target in self.links:
             parser.link_arguments("data", target, compute_fn=_Link(self, attr, target), apply_on="instantiate")
 
     def note(self, config: Namespace, settings: list[Source]) -> None:
@@ -72,7 +85,7 @@ class DataLinks:
         self.stats_pending = contracts.has_input_stats(net)
         written = [key for key in ("data.mean", "data.std") if skeleton(key) in by_user]
         self.stats_written = where_written(settings, _is_key(written[-1]), written[-1]) if written else None
-        for _, target in LINKS:
+        for _, target in self.links:
             owner, name = target.rsplit(".init_args.", 1)
             class_path = config.get(f"{owner}.class_path")
             taken = defaults(import_class(class_path)) if class_path else {}  # as jsonargparse reads them
@@ -169,7 +182,7 @@ class _Link:
 
 def drop_link_targets(hparams: MutableMapping[str, Any], keep: Collection[str] = ()) -> None:
     """Remove the linked values (all but ``keep``) from a model's hyper-parameters (its ``init_args``)."""
-    for target in TARGETS - set(keep):
+    for target in link_targets() - set(keep):
         *parents, name = target.removeprefix("model.init_args.").split(".")
         node: Any = hparams
         for key in parents:

@@ -7,7 +7,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from kiln.cli.classes import import_class, is_a
-from kiln.cli.links import TARGETS
+from kiln.cli.links import link_targets
 from kiln.errors import ConfigError
 from kiln.files import load_yaml
 from kiln.process.secrets import REDACTED
@@ -54,11 +54,12 @@ def refuse_changed_settings(hparams: dict[str, Any], model: Namespace, ckpt_path
     weights_only = {
         f"model.init_args.net.init_args.{name}" for name in init_only(given.get("model.init_args.net.class_path"))
     }
+    linked = link_targets()
     changed = [
         (key, saved[key], value)
         for key, value in given.items()
         if key in saved and saved[key] != value and saved[key] != REDACTED
-        and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY and key not in TARGETS  # linked from the data
+        and key.rsplit(".", 1)[-1] not in RUNTIME_ONLY and key not in linked  # linked from the data
         and key not in weights_only  # the weights a net starts from: the checkpoint's replace them
     ]  # fmt: skip
     if not changed:

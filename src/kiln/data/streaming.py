@@ -21,9 +21,17 @@ from torch import Tensor
 from kiln.data.base import SampleDataset, TensorDataModule
 from kiln.data.on_device import augmentation_seed, normalised, seeded_augmentation, stats_view, to_unit_float
 from kiln.errors import ConfigError, DataError
+from kiln.training.contracts import project_declarations
 
 META = "kiln.json"  # what the data declares (classes, shape, statistics), written next to the chunks
 SIZES = ("num_outputs", "vocab_size", "block_size")  # other declarations the model's links read (README's table)
+
+
+def sizes() -> tuple[str, ...]:
+    """The declarations beside classes and shape that ``kiln.json`` keeps: kiln's and the project's own."""
+    return SIZES + tuple(name for name in project_declarations() if name not in SIZES)
+
+
 SPLITS = ("train", "val", "test")
 
 
@@ -52,7 +60,7 @@ def convert(data: TensorDataModule, output: str | Path, chunk_bytes: str = "64MB
         "mean": list(data.mean),
         "std": list(data.std),
         "source": type(data).__name__,
-        **{name: getattr(data, name) for name in SIZES if getattr(data, name, None) is not None},
+        **{name: getattr(data, name) for name in sizes() if getattr(data, name, None) is not None},
     }
     (output / META).write_text(json.dumps(meta, indent=2))
     return output
@@ -137,7 +145,7 @@ class StreamingDataModule(TensorDataModule):
         self.input_shape = tuple(declared["input_shape"])
         self.class_names = tuple(declared["class_names"]) if declared.get("class_names") else None
         self._outputs = declared.get("num_outputs", self.num_classes)  # a kiln.json without it: a logit per class
-        for name in SIZES[1:]:
+        for name in sizes()[1:]:
             if declared.get(name) is not None:
                 setattr(self, name, int(declared[name]))
         self._train_loader: Any = None

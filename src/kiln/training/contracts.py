@@ -15,6 +15,9 @@ Data (a LightningDataModule):
         export's ``preprocess.json`` records them.
     ``resume_at(epoch, samples)``: where the training order resumes, for an exact mid-epoch resume.
     ``test_set`` with ``raw(i)``: a test sample as stored (an export's ``preprocess.json`` tells uint8 from float).
+    ``num_outputs``, ``vocab_size``, ``block_size``, and any name the project lists in its ``pyproject.toml``
+        (``[tool.kiln] declares = ["num_joints"]``): linked into the model's and the network's argument of the
+        same name.
 A LightningModule:
     ``prediction_columns(prediction, batch)``: ``predictions.csv``'s columns for a batch (else kiln
         writes class columns for classifiers, values for anything else).
@@ -33,7 +36,10 @@ A network class (``model.net``'s):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from kiln.errors import ConfigError
 
 CONTRACTS = ("input_shape", "num_classes", "class_names", "mean", "std", "resume_at", "test_set", "raw",
              "prediction_columns", "example_input_array", "in_channels", "init_only", "input_stats")  # fmt: skip
@@ -122,3 +128,24 @@ def has_input_stats(network_class: Any) -> bool:
 def input_stats(network_class: Any, init_args: Any, in_channels: int | None) -> Any:
     """The statistics the network's pretrained weights expect, ``(mean, std)``, or None."""
     return network_class.input_stats(init_args, in_channels) if has_input_stats(network_class) else None
+
+
+PROJECT = "pyproject.toml"
+
+
+def project_declarations() -> tuple[str, ...]:
+    """Names a project's data declares beyond kiln's own, linked and streamed as kiln's are: ``[tool.kiln] declares``
+    in the ``pyproject.toml`` of the folder kiln runs in (a pose task's ``num_joints``: no engine edit)."""
+    import tomllib
+
+    path = Path(PROJECT)
+    if not path.is_file():
+        return ()
+    try:
+        names = tomllib.loads(path.read_text()).get("tool", {}).get("kiln", {}).get("declares", [])
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err}); fix it, as kiln reads [tool.kiln] there") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise ConfigError(f'{path}: [tool.kiln] declares = {names!r}: give a list of argument names, e.g. '
+                          '["num_joints"]')  # fmt: skip
+    return tuple(names)
