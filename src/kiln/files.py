@@ -16,6 +16,8 @@ import yaml
 
 from kiln.process import running
 
+MOST_COLUMNS = 64  # values a sample a predictions CSV holds as columns; more go to .npy files beside it
+
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the same safe tags and resolvers, in C
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 

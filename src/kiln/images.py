@@ -38,6 +38,12 @@ def pixel_array(image: Image.Image, channels: int, size: tuple[int, int]) -> np.
     return (array[None] if array.ndim == 2 else array.transpose(2, 0, 1)).copy()  # contiguous, writable
 
 
+def image_size(path: Path) -> tuple[int, int]:
+    """An image file's width and height, read from its header (nothing decoded)."""
+    with Image.open(path) as image:
+        return image.size
+
+
 def decode_array(path: Path, channels: int, size: tuple[int, int]) -> np.ndarray:
     """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it.
 

@@ -38,8 +38,8 @@ MUTANTS = [
            "    mean = sum(values) / n\n", "    mean = sum(values) / max(n - 1, 1)\n",
            (E + "test_multirun.py::test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing",)),
     Mutant("an export that adds a softmax", "src/kiln/commands/export.py",
-           "    classifier = classifier_of(served, data, outputs) is not None\n",
-           "    classifier = classifier_of(served, data, outputs) is not None\n"
+           "    classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None\n",
+           "    classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None\n"
            "    served = nn.Sequential(served, nn.Softmax(-1)).eval()\n",
            (E + "test_export.py::test_export_agrees_with_the_eager_model_and_infer_runs_without_torch",)),
     Mutant("a prediction row dropped from each batch", "src/kiln/callbacks/predictions.py",

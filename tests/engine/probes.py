@@ -436,3 +436,23 @@ class TwoHeads(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class TwoMaps(LightningModule):
+    """Two maps a pixel (B x 2 x 8 x 8: 128 values a sample): a dense output, too many values for CSV columns."""
+
+    def __init__(self, in_channels: int = 1) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(in_channels, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return (self(batch[0]) - batch[0]).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/loss", (self(batch[0]) - batch[0]).pow(2).mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import forkserver
+import numpy as np
 import pytest
 import torch
 from dataset_files import write_image_folder
@@ -100,6 +101,33 @@ def test_a_forward_of_several_named_outputs_exports_each_and_infer_writes_each_o
         eager = model((inputs - mean[0]) / std[0])
     got = torch.tensor([[float(row[c]) for c in columns] for row in rows])
     assert torch.allclose(got, torch.cat([eager["scores"], eager["box"]], dim=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_infer_writes_a_dense_output_as_an_array_beside_the_csv_and_says_which_images_it_resized(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`kiln infer` had only a CSV: two maps a pixel became 128 columns a row, and a resize went unsaid."""
+    fit = build_cli(["fit", "--model", "probes.TwoMaps", *LIMIT, *QUIET, "--run.root", str(tmp_path),
+                     "--run.test_after_fit=false"])  # fmt: skip
+    out = tmp_path / "served"
+    main(["export", "--ckpt_path", fit.trainer.checkpoint_callback.best_model_path,  # type: ignore[union-attr]
+          "--output", str(out), "--format", "onnx"])  # fmt: skip
+    write_image_folder(tmp_path / "images", classes=2, per_class=2)
+    write_image_folder(tmp_path / "large", classes=1, per_class=1, size=12)
+    capsys.readouterr()
+    main(["infer", "--model", str(out / "model.onnx"), "--output", str(tmp_path / "p.csv"), str(tmp_path / "images"),
+          str(tmp_path / "large")])  # fmt: skip
+    with (tmp_path / "p.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["path", "array_row"] and [int(r["array_row"]) for r in rows] == list(range(5))
+    mean, std = fit.datamodule.mean, fit.datamodule.std
+    with torch.inference_mode():
+        inputs = torch.stack([decode(Path(r["path"]), 1, (8, 8)).float() / 255 for r in rows])
+        eager = fit.model.eval()((inputs - mean[0]) / std[0])
+    maps = torch.from_numpy(np.load(tmp_path / "p-output.npy"))
+    assert maps.shape == (5, 2, 8, 8) and torch.allclose(maps, eager, atol=1e-5)
+    assert f"resized 1 of 5 images to 8x8 (bilinear; {tmp_path / 'large'}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

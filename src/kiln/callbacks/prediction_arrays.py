@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-MOST_COLUMNS = 64  # values a sample written as CSV columns of their own; more go to .npy files beside the CSV
+from kiln.files import MOST_COLUMNS
 
 
 def dense(values: Any, n: int) -> bool:

@@ -20,7 +20,8 @@ import numpy as np
 
 from kiln.commands.arguments import OneLineParser
 from kiln.errors import UsageError
-from kiln.images import decode_array, image_files
+from kiln.files import MOST_COLUMNS, written_whole
+from kiln.images import decode_array, image_files, image_size
 
 ARRAY_SUFFIXES = (".npy", ".csv")
 
@@ -98,32 +99,60 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values (a model of
-    several outputs: each output's, named ``<output>`` or ``<output>_<i>``)."""
-    if len(outputs) > 1:
-        header, columns = [], []
-        for name, out in zip(spec["output_names"], outputs, strict=True):
-            flat = out.reshape(len(out), -1)
-            header += [name] if flat.shape[1] == 1 else [f"{name}_{i}" for i in range(flat.shape[1])]
-            columns.append(flat)
-        return header, [[f"{v:.6g}" for v in row] for row in np.concatenate(columns, axis=1)]
-    one = outputs[0]
-    if spec.get("class_names") is not None or spec.get("output") in ("logits", "probabilities"):
-        probs = softmax(one) if spec.get("output") == "logits" else one  # probabilities: an older export
-        names = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
+def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], list[list[Any]], dict[str, np.ndarray]]:
+    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values, each output
+    of a model of several by name (``<output>`` or ``<output>_<i>``); an output of more than ``MOST_COLUMNS`` values a
+    sample (a mask, a reconstruction) is returned as an array, its row named by the CSV's ``array_row``."""
+    names = spec.get("output_names") or ["output"]
+    if len(outputs) == 1 and (spec.get("class_names") is not None or spec.get("output") in ("logits", "probabilities")):
+        probs = softmax(outputs[0]) if spec.get("output") == "logits" else outputs[0]  # probabilities: older exports
+        classes = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
         best = probs.argmax(axis=1)
-        header = ["predicted", "class", *(f"p_{name}" for name in names)]
-        return header, [[int(b), names[b], *(f"{p:.6f}" for p in row)] for b, row in zip(best, probs, strict=True)]
-    flat = one.reshape(len(one), -1)
-    header = ["prediction"] if flat.shape[1] == 1 else [f"prediction_{i}" for i in range(flat.shape[1])]
-    return header, [[f"{v:.6g}" for v in row] for row in flat]
+        header = ["predicted", "class", *(f"p_{name}" for name in classes)]
+        values = [[int(b), classes[b], *(f"{p:.6f}" for p in row)] for b, row in zip(best, probs, strict=True)]
+        return header, values, {}
+    header, columns, arrays = [], [], {}
+    for name, out in zip(names, outputs, strict=True):
+        flat = out.reshape(len(out), -1)
+        if flat.shape[1] > MOST_COLUMNS:
+            arrays[name] = out
+            continue
+        label = "prediction" if len(outputs) == 1 else name
+        header += [label] if flat.shape[1] == 1 else [f"{label}_{i}" for i in range(flat.shape[1])]
+        columns.append(flat)
+    values = (
+        [[f"{v:.6g}" for v in row] for row in np.concatenate(columns, axis=1)] if columns else [[]] * len(outputs[0])
+    )
+    if arrays:
+        header, values = [*header, "array_row"], [[*row, n] for n, row in enumerate(values)]
+    return header, values, arrays
+
+
+def _inputs(paths: list[Path], spec: dict[str, Any], image: bool, batch_size: int) -> tuple[list[Any], Iterator]:
+    """``(path, sample)`` for each row, and the inputs in batches: images decoded a batch at a time (a folder of
+    photos never sits in memory whole), array files read whole."""
+    if image:
+        return [(path, 0) for path in paths], (image_inputs(paths[p], spec) for p in batches(len(paths), batch_size))
+    samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
+    everything = _normalised(np.concatenate([array for _, array in samples]), spec)
+    named = [(path, i) for path, array in samples for i in range(len(array))]
+    return named, (everything[part] for part in batches(len(everything), batch_size))
+
+
+def _resized(paths: list[Path], spec: dict[str, Any]) -> str | None:
+    """One line when images were resized to the model's input (the training data's loader resized them alike)."""
+    height, width = spec["input_shape"][1:]
+    sizes = [(path, image_size(path)) for path in paths]
+    other = [(path, size) for path, size in sizes if size != (width, height)]
+    if not other:
+        return None
+    path, (w, h) = other[0]
+    return f"resized {len(other)} of {len(paths)} images to {width}x{height} ({spec.get('resize')}; {path}: {w}x{h})"
 
 
 def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> Path:
-    """Write ``output`` (a CSV: file, sample, then the prediction's columns) for the files given."""
-    import onnxruntime
-
+    """Write ``output`` (a CSV: file, sample, then the prediction's columns) for the files given, and beside it
+    ``<output>-<name>.npy`` for each output too large for columns."""
     spec_file = model.parent / "preprocess.json"
     if not model.is_file() or not spec_file.is_file():
         raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
@@ -135,30 +164,32 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
             "tokenizer), not files: predict with `kiln predict --ckpt_path`, or feed such ids to onnxruntime"
         )
     paths = files(given, image)
-    try:
-        session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UsageError(f"kiln infer: {model}: not a readable ONNX model ({reason}): export it again") from None
-    if image:  # decoded a batch at a time: a folder of photos never sits in memory whole
-        named = [(path, 0) for path in paths]
-        chunks = (image_inputs(paths[part], spec) for part in batches(len(paths), batch_size))
-    else:
-        samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
-        named = [(path, i) for path, array in samples for i in range(len(array))]
-        everything = _normalised(np.concatenate([array for _, array in samples]), spec)
-        chunks = (everything[part] for part in batches(len(everything), batch_size))
+    session = _session(model)
+    named, chunks = _inputs(paths, spec, image, batch_size)
     ran = [session.run(None, {spec["input"]: chunk}) for chunk in chunks]
-    outputs = [np.concatenate(parts) for parts in zip(*ran, strict=True)]  # each output's, over the batches
-    header, values = rows(outputs, spec)
-    partial = output.with_name(f".{output.name}.partial")
-    with partial.open("w", newline="") as f:  # renamed when complete: never a half-written file
+    header, values, arrays = rows([np.concatenate(parts) for parts in zip(*ran, strict=True)], spec)
+    for name, array in arrays.items():  # each whole before the CSV names its rows
+        with written_whole(output.with_name(f"{output.stem}-{name}.npy")) as partial, partial.open("wb") as f:
+            np.save(f, array)
+    with written_whole(output) as partial, partial.open("w", newline="") as f:  # never a half-written file
         writer = csv.writer(f)
         writer.writerow(["path", *([] if image else ["sample"]), *header])
         for (path, i), row in zip(named, values, strict=True):
             writer.writerow([str(path), *([] if image else [i]), *row])
-    partial.replace(output)
+    if image and (line := _resized(paths, spec)):
+        print(line, file=sys.stderr)
     return output
+
+
+def _session(model: Path) -> Any:
+    """onnxruntime's session of ``model`` on the CPU; a file it cannot read is one line."""
+    import onnxruntime
+
+    try:
+        return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UsageError(f"kiln infer: {model}: not a readable ONNX model ({reason}): export it again") from None
 
 
 def infer_command(args: list[str]) -> None:
