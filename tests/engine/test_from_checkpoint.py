@@ -226,3 +226,23 @@ def test_every_command_that_takes_a_checkpoint_finds_the_same_one_by_each_refere
     assert Path(json.loads((tmp_path / "served" / "parity.json").read_text())["checkpoint"]) == last.resolve()
     main(["export", "--ckpt_path", "best", *LIMIT, *where, *onnx])  # beside the run, whatever its root
     assert Path(json.loads((run / "export" / "parity.json").read_text())["checkpoint"]) == best.resolve()
+
+
+@pytest.mark.slow
+def test_the_callbacks_a_run_left_out_its_checkpoints_evaluations_leave_out_too(tmp_path: Path) -> None:
+    """validate, test and predict from a checkpoint ran the default callbacks the run had left out (`run.without`):
+    a run that had to leave BatchSanityCheck out (dense labels) was refused again by `kiln validate` from it."""
+    quiet = ["--trainer.logger", "false", "--run.root", str(tmp_path)]
+    fit = build_cli(["fit", *LIMIT, *quiet, "--run.test_after_fit", "false", "--run.without", "[BatchSanityCheck]"])
+    assert not [c for c in fit.trainer.callbacks if type(c).__name__ == "BatchSanityCheck"]  # type: ignore[attr-defined]
+    last = Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    (left_out,) = torch.load(last, weights_only=False)["config"]["left_out"]
+    assert left_out.endswith(".BatchSanityCheck")
+    for command in ("validate", "test", "predict"):
+        evaluation = build_cli([command, *LIMIT, *quiet, "--ckpt_path", str(last)])
+        names = [type(c).__name__ for c in evaluation.trainer.callbacks]  # type: ignore[attr-defined]
+        assert "BatchSanityCheck" not in names and "ConfusionMatrixReport" in names, (command, names)
+    other = build_cli(["fit", *LIMIT, *quiet, "--run.test_after_fit", "false", "--run.name", "whole"])
+    best = other.trainer.checkpoint_callback.best_model_path  # type: ignore[union-attr]
+    evaluation = build_cli(["validate", *LIMIT, *quiet, "--ckpt_path", best])
+    assert "BatchSanityCheck" in [type(c).__name__ for c in evaluation.trainer.callbacks]  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ are left out, each said in one line; of two that Lightning takes one of, the lat
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from jsonargparse import Namespace
@@ -15,9 +16,11 @@ from kiln.cli.run_paths import class_nodes
 from kiln.errors import UsageError, nearest
 
 
-def chosen_callbacks(config: Namespace) -> list[Namespace]:
-    """``config.trainer.callbacks`` less what is left out; ``run.without`` is then emptied, so the saved config
-    (``config.yaml``, a sweep's ``best.yaml``) lists what ran and a rerun of it leaves nothing out twice."""
+def chosen_callbacks(config: Namespace, as_trained: Sequence[str] = ()) -> tuple[list[Namespace], list[str]]:
+    """``config.trainer.callbacks`` less what is left out, and the class paths ``run.without`` left out (what a
+    checkpoint of the run records); ``run.without`` is then emptied, so the saved config (``config.yaml``, a
+    sweep's ``best.yaml``) lists what ran and a rerun of it leaves nothing out twice. ``as_trained``: the class
+    paths the run a checkpoint comes from left out, left out of its evaluation too where they are listed."""
     callbacks = [node for _, node in class_nodes(config.trainer.callbacks, ())]
     trainer = config.trainer
     flags: dict[type, tuple[bool, str]] = {  # Lightning would refuse to start with them listed
@@ -27,6 +30,8 @@ def chosen_callbacks(config: Namespace) -> list[Namespace]:
         Checkpoint: (trainer.enable_checkpointing is False, "trainer.enable_checkpointing is false"),
     }
     named, replacing = _named(config.run.without, callbacks)
+    left_out = sorted({c.class_path for c in callbacks if id(c) in named and id(c) not in replacing})
+    named |= {id(c): "the run of the checkpoint left it out" for c in callbacks if c.class_path in as_trained}
     moved = {id(r) for r in replacing.values()}  # a replacement goes where what it replaces was: hooks run in order
     ordered = [
         c for first in callbacks if id(first) not in moved for c in (first, replacing.get(id(first))) if c is not None
@@ -40,7 +45,7 @@ def chosen_callbacks(config: Namespace) -> list[Namespace]:
         else:
             console.LOG.info(f"{_name(callback)}: left out, as {why}")
     config.run.without = []
-    return _later_replaces(kept)
+    return _later_replaces(kept), left_out
 
 
 def _name(callback: Namespace) -> str:

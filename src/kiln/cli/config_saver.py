@@ -32,11 +32,14 @@ class WandbConfigSaver(SaveConfigCallback):
         config: Namespace,
         run_paths: RunPaths | None = None,
         command: list[str] | None = None,
+        left_out: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``left_out``: the callbacks ``run.without`` left out, by class path (an evaluation of a checkpoint leaves
+        them out too)."""
         super().__init__(parser, redact(config), **kwargs)
-        self.run_paths, self.command = run_paths, command
-        self.built_from: dict[str, Any] = {}  # the model's and the data's config: in every checkpoint
+        self.run_paths, self.command, self.left_out = run_paths, command, list(left_out or [])
+        self.built_from: dict[str, Any] = {}  # the model's and the data's config, what it left out: in checkpoints
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
 
@@ -45,6 +48,7 @@ class WandbConfigSaver(SaveConfigCallback):
         whole = plain_config(self.parser, self.config, skip_unset=False)
         dumped = copy.deepcopy(whole)  # config.yaml's, made portable in place; W&B gets `whole` (one dump: 0.03 s)
         self.built_from = {key: dumped[key] for key in BUILT_FROM if isinstance(dumped.get(key), dict)}
+        self.built_from["left_out"] = self.left_out
         if self.run_paths is not None:  # without this run's folder: `-c config.yaml` starts a run of its own
             dumped = self.run_paths.portable(dumped)
         with written_whole(path) as partial:

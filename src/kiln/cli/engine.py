@@ -176,8 +176,9 @@ class KilnCLI(LightningCLI):
         self._secrets = secret_values(config)
         finish_wandb()  # a W&B run left open by earlier work in this process (a notebook) is not this run's
         refuse(config, self.subcommand, self.plan, self.links)
-        run_paths = open_run(config, self.subcommand, self.plan, self.record)
+        run_paths, left_out = open_run(config, self.subcommand, self.plan, self.record)
         self.run_dir = run_paths.run_dir
+        self.save_config_kwargs["left_out"] = left_out  # in every checkpoint: its evaluations leave them out too
         self.save_config_kwargs["run_paths"] = run_paths  # config.yaml leaves them out again
         self.save_config_kwargs["command"] = ["kiln", *self.plan.given]  # env.json: as given (secrets hidden there)
 

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import ArgsType, LightningCLI
 
 from kiln.callbacks.last import finished_training
 from kiln.cli.config_errors import check_config_files
-from kiln.cli.from_checkpoint import read_checkpoint, saved_config, weight_shapes
+from kiln.cli.from_checkpoint import BUILT_FROM_KEY, read_checkpoint, saved_config, weight_shapes
 from kiln.cli.resume_check import average_line
 from kiln.errors import AlreadyFinished
 from kiln.runs.picking import Pick, partial_data
@@ -33,6 +33,7 @@ class Trained(NamedTuple):
     hyper_parameters: dict[str, Any]
     shapes: dict[str, tuple[int, ...]]
     path: str
+    left_out: tuple[str, ...] = ()  # the callbacks the run left out (run.without): its evaluation does too
 
 
 @dataclass
@@ -96,7 +97,9 @@ def _rebuilt(plan: RunPlan, parse: Parse, subcommand: str, ckpt_path: str) -> Na
     with argv_hidden():  # LightningCLI warns when it sees both args and sys.argv
         config = parse(plan.parsed)
     config[subcommand].ckpt_path = ckpt_path
-    plan.trained = Trained(plan.checkpoint.get("hyper_parameters", {}), weight_shapes(plan.checkpoint), ckpt_path)
+    left_out = (plan.checkpoint.get(BUILT_FROM_KEY) or {}).get("left_out") or ()
+    plan.trained = Trained(plan.checkpoint.get("hyper_parameters", {}), weight_shapes(plan.checkpoint), ckpt_path,
+                           tuple(left_out))  # fmt: skip
     print(f"model and data as {ckpt_path} was trained (with this command's settings over them)", file=sys.stderr)
     if line := average_line(plan.checkpoint, config[subcommand].trainer.callbacks, subcommand, ckpt_path):
         print(line, file=sys.stderr)

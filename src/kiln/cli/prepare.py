@@ -55,9 +55,10 @@ def refuse(config: Namespace, subcommand: str | None, plan: RunPlan, links: Data
         raise UsageError(f"{setting}: {why}; give a positive value{trained}")
 
 
-def open_run(config: Namespace, subcommand: str | None, plan: RunPlan, record: RunRecord) -> RunPaths:
+def open_run(config: Namespace, subcommand: str | None, plan: RunPlan, record: RunRecord) -> tuple[RunPaths, list[str]]:
     """The run's folder, made (evaluations' prefixed by their name: results apart from training runs) or the resumed
-    run's, with its console log; the config's paths filled under it; the trainer's callbacks chosen."""
+    run's, with its console log; the config's paths filled under it; the trainer's callbacks chosen (and the class
+    paths ``run.without`` left out, which its checkpoints record)."""
     prefix = "" if subcommand in (None, "fit") else f"{subcommand}-"
     run_dir = record.open(config.run.root, config.run.name, resume=plan.resume_dir, prefix=prefix)
     console.to_run_folder(run_dir)
@@ -69,5 +70,6 @@ def open_run(config: Namespace, subcommand: str | None, plan: RunPlan, record: R
         print(notice, file=sys.stderr)
     if config.run.cpu_threads is not None:
         torch.set_num_threads(config.run.cpu_threads)
-    config.trainer.callbacks = chosen_callbacks(config)
-    return run_paths
+    as_trained = plan.trained.left_out if plan.trained is not None else ()
+    config.trainer.callbacks, left_out = chosen_callbacks(config, as_trained)
+    return run_paths, left_out
