@@ -126,10 +126,14 @@ EXPERIMENTS = sorted((CONFIGS / "experiment").glob("*.yaml"))  # a new file is s
     ids=lambda p: p.stem,
 )  # FashionMNIST is MNIST's format and code: the full suite runs it
 def test_experiment_runs_with_fast_dev_run(
-    experiment: Path, on_device: bool, mnist_root: Path, cifar_root: Path
+    experiment: Path, on_device: bool, mnist_root: Path, cifar_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """From the project's folder, as `make train` runs it: a user's own experiment reads its data by a path relative
+    to it (the README's `data/my_signals.pt`); its runs go to this test's folder."""
     assert mnist_root == cifar_root  # one data folder holds every dataset's files
-    args = ["fit", "-c", str(experiment), *FAST]
+    runs = Path.cwd() / "runs"
+    monkeypatch.chdir(CONFIGS.parent)
+    args = ["fit", "-c", str(experiment), *FAST, "--run.root", str(runs)]
     args += ["-c", str(CONFIGS / "data" / "on_device.yaml")] if on_device else []
     if "data_dir:" in experiment.read_text():  # a file-backed dataset: the small real-format files
         args += ["--data.init_args.data_dir", str(mnist_root), "--data.init_args.download", "false"]
