@@ -38,21 +38,20 @@ def pixel_array(image: Image.Image, channels: int, size: tuple[int, int]) -> np.
     return (array[None] if array.ndim == 2 else array.transpose(2, 0, 1)).copy()  # contiguous, writable
 
 
-def image_size(path: Path) -> tuple[int, int]:
-    """An image file's width and height, read from its header (nothing decoded)."""
-    with Image.open(path) as image:
-        return image.size
-
-
 def decode_array(path: Path, channels: int, size: tuple[int, int]) -> np.ndarray:
-    """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it.
+    """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it."""
+    return decoded(path, channels, size)[0]
+
+
+def decoded(path: Path, channels: int, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+    """``decode_array``'s array and the file's own width and height, before any resize.
 
     Pillow decodes (torchvision's own image decoding is deprecated since 0.29).
     """
     try:
         with Image.open(path) as image:
             image.load()  # the whole file: a truncated one fails here
-            return pixel_array(image, channels, size)
+            return pixel_array(image, channels, size), image.size
     except Image.DecompressionBombError as err:  # a header claiming billions of pixels: never decoded
         raise DataError(f"{path}: refused, {str(err).splitlines()[0]}") from None
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all

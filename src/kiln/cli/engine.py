@@ -94,11 +94,6 @@ class KilnCLI(LightningCLI):
         self.record.close()
         console.end_command()
 
-    @property
-    def resume_dir(self) -> Path | None:
-        """The run folder of the checkpoint ``--ckpt_path last`` resumes."""
-        return self.plan.resume_dir
-
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Lightning's subcommands, or only the one the command line names: a subcommand's parser takes about
         0.1 s to build, and a command parses with its own alone."""

@@ -21,7 +21,7 @@ import numpy as np
 from kiln.commands.arguments import OneLineParser
 from kiln.errors import UsageError
 from kiln.files import MOST_COLUMNS, written_whole
-from kiln.images import decode_array, image_files, image_size
+from kiln.images import decoded, image_files
 
 ARRAY_SUFFIXES = (".npy", ".csv")
 
@@ -54,10 +54,15 @@ def _normalised(raw: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     return ((x - mean) / std).astype(np.float32)
 
 
-def image_inputs(paths: list[Path], spec: dict[str, Any]) -> np.ndarray:
-    """The image files as the network's input ``(N, C, H, W)``."""
+def image_inputs(paths: list[Path], spec: dict[str, Any], sizes: list[tuple[int, int]]) -> np.ndarray:
+    """The image files as the network's input ``(N, C, H, W)``; each file's own width and height go to ``sizes``."""
     channels, height, width = spec["input_shape"]
-    return _normalised(np.stack([decode_array(path, channels, (height, width)) for path in paths]), spec)
+    arrays = []
+    for path in paths:
+        array, size = decoded(path, channels, (height, width))
+        arrays.append(array)
+        sizes.append(size)
+    return _normalised(np.stack(arrays), spec)
 
 
 def array_samples(path: Path, shape: list[int]) -> np.ndarray:
@@ -128,22 +133,24 @@ def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], li
     return header, values, arrays
 
 
-def _inputs(paths: list[Path], spec: dict[str, Any], image: bool, batch_size: int) -> tuple[list[Any], Iterator]:
+def _inputs(
+    paths: list[Path], spec: dict[str, Any], image: bool, batch_size: int, sizes: list[tuple[int, int]]
+) -> tuple[list[Any], Iterator]:
     """``(path, sample)`` for each row, and the inputs in batches: images decoded a batch at a time (a folder of
-    photos never sits in memory whole), array files read whole."""
+    photos never sits in memory whole; each one's own size to ``sizes`` as it is decoded), array files read whole."""
     if image:
-        return [(path, 0) for path in paths], (image_inputs(paths[p], spec) for p in batches(len(paths), batch_size))
+        chunks = (image_inputs(paths[p], spec, sizes) for p in batches(len(paths), batch_size))
+        return [(path, 0) for path in paths], chunks
     samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
     everything = _normalised(np.concatenate([array for _, array in samples]), spec)
     named = [(path, i) for path, array in samples for i in range(len(array))]
     return named, (everything[part] for part in batches(len(everything), batch_size))
 
 
-def _resized(paths: list[Path], spec: dict[str, Any]) -> str | None:
+def _resized(paths: list[Path], sizes: list[tuple[int, int]], spec: dict[str, Any]) -> str | None:
     """One line when images were resized to the model's input (the training data's loader resized them alike)."""
     height, width = spec["input_shape"][1:]
-    sizes = [(path, image_size(path)) for path in paths]
-    other = [(path, size) for path, size in sizes if size != (width, height)]
+    other = [(path, size) for path, size in zip(paths, sizes, strict=True) if size != (width, height)]
     if not other:
         return None
     path, (w, h) = other[0]
@@ -165,7 +172,8 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
         )
     paths = files(given, image)
     session = _session(model)
-    named, chunks = _inputs(paths, spec, image, batch_size)
+    sizes: list[tuple[int, int]] = []  # each image's own, as it is decoded
+    named, chunks = _inputs(paths, spec, image, batch_size, sizes)
     ran = [session.run(None, {spec["input"]: chunk}) for chunk in chunks]
     header, values, arrays = rows([np.concatenate(parts) for parts in zip(*ran, strict=True)], spec)
     for name, array in arrays.items():  # each whole before the CSV names its rows
@@ -176,7 +184,7 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
         writer.writerow(["path", *([] if image else ["sample"]), *header])
         for (path, i), row in zip(named, values, strict=True):
             writer.writerow([str(path), *([] if image else [i]), *row])
-    if image and (line := _resized(paths, spec)):
+    if image and (line := _resized(paths, sizes, spec)):
         print(line, file=sys.stderr)
     return output
 

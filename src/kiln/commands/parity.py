@@ -57,10 +57,11 @@ def parity(run: Any, eager: nn.Module, inputs: Tensor, example: Tensor, batch_si
                 stop_signals.stop_here("kiln export stopped; nothing was written")
                 wanted = named_outputs(eager(chunk)) or {}
                 got = _run(run, chunk, len(example))
-                for want, out in zip(wanted.values(), got, strict=True):
-                    worst = max(worst, (want - torch.as_tensor(out)).abs().max().item())
-                want, out = next(iter(wanted.values())), torch.as_tensor(got[0])
-                agree += int((want.argmax(-1) == out.argmax(-1)).sum()) if classifier else 0
+                outs = [torch.as_tensor(out) for out in got]
+                for want, out in zip(wanted.values(), outs, strict=True):
+                    worst = max(worst, (want - out).abs().max().item())
+                if classifier:  # one output, the logits
+                    agree += int((wanted["output"].argmax(-1) == outs[0].argmax(-1)).sum())
             found[str(size)] = {
                 "max_abs_diff": worst,
                 **({"top1_agreement": agree / len(inputs)} if classifier else {}),
