@@ -74,9 +74,10 @@ class Plain(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def run_lightning(epochs: int, started: float, small: bool = False) -> dict[str, float]:
+def run_lightning(epochs: int, started: float, small: bool = False, wandb: bool = False) -> dict[str, float]:
     """One fit of ``Plain`` on the template's digits batches; its steps/s and first step, as the other kinds
-    (``small``: a few batches an epoch, as ``--smoke`` runs every kind)."""
+    (``small``: a few batches an epoch, as ``--smoke`` runs every kind; ``wandb``: Lightning's W&B logger, offline,
+    in place of its default logger, as the template logs)."""
     from research.data import DigitsDataModule
 
     data = DigitsDataModule(batch_size=64, num_workers=0)
@@ -84,8 +85,9 @@ def run_lightning(epochs: int, started: float, small: bool = False) -> dict[str,
     timer = StepTimer(started)
     with tempfile.TemporaryDirectory(prefix="kiln-bench-lightning-") as root:
         few = 4 if small else None  # batches an epoch
+        logger = pl.loggers.WandbLogger(save_dir=root, offline=True) if wandb else None
         trainer = pl.Trainer(max_epochs=epochs, default_root_dir=root, callbacks=[timer], accelerator="cpu",
-                             limit_train_batches=few, limit_val_batches=few)  # fmt: skip
+                             limit_train_batches=few, limit_val_batches=few, logger=logger)  # fmt: skip
         trainer.fit(Plain(epochs * len(data.train_dataloader())), datamodule=data)
     assert timer.first_step is not None
     return {"steps_per_s": timer.rate, "first_step_s": timer.first_step}

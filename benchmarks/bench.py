@@ -60,7 +60,7 @@ WORKLOADS: dict[str, tuple[list[str], int]] = {
 COMPILE_MODES = ["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
 # kinds measured per workload: raw loop, template; on GPU also the optimised raw loop, the on-device data path,
 # and the ceiling: the optimised net and optimizer on batches already on the GPU, nothing else
-KINDS = {"default": ["raw", "raw_batched", "lightning", "template"], "resnet": ["raw", "template"],
+KINDS = {"default": ["raw", "raw_batched", "lightning", "lightning_wandb", "template"], "resnet": ["raw", "template"],
          "cifar_gpu": ["raw", "raw_fast", "template_fast", "template_on_device", "ceiling"]}  # fmt: skip
 
 
@@ -356,7 +356,7 @@ def measure(command: list[str]) -> dict[str, float]:
 
 # what a smoke run's measuring processes import: `kiln.cli` alone loads its engine (and Lightning) on first use, and
 # a run's W&B start imports W&B's launch inputs
-SMOKE_PRELOADED = ("torch._dynamo", "kiln.cli.engine", "kiln.commands.sweep.driver", "wandb.sdk.launch")
+SMOKE_PRELOADED = ("torch._dynamo", "kiln.cli.engine", "kiln.commands.sweep.command", "wandb.sdk.launch")
 
 
 def forked(argv: list[str]) -> dict[str, float]:
@@ -389,7 +389,13 @@ def one(kind: str, workload: str, small: bool, settings: list[str]) -> dict[str,
 COMPARISONS = [
     ("default", "raw", "template", "template / raw loop"),
     ("default", "raw_batched", "template", "template / raw loop with the template's batches (loop cost only)"),
-    ("default", "lightning", "template", "template / bare Lightning, same net and batches (kiln's own cost)"),
+    ("default", "lightning", "template", "template / bare Lightning, same net and batches, Lightning's default logger"),
+    (
+        "default",
+        "lightning_wandb",
+        "template",
+        "template / bare Lightning logging to W&B offline as the template does (kiln's own cost)",
+    ),
     ("resnet", "raw", "template", "template / raw loop"),
     ("cifar_gpu", "raw", "raw_fast", "optimised / fp32 eager (raw loops, DataLoader)"),
     ("cifar_gpu", "raw", "ceiling", "ceiling / fp32 eager raw loop: the most the optimised settings can give"),
@@ -432,10 +438,11 @@ def measure_once(options: argparse.Namespace) -> dict[str, float]:
     run = (options.workload, epochs, options.started, options.one, options.smoke)
     if options.one.startswith("raw"):
         return run_raw(*run, compile_mode=options.compile_mode)
-    if options.one == "lightning":  # benchmarks/bare_lightning.py
+    if options.one.startswith("lightning"):  # benchmarks/bare_lightning.py
         from bare_lightning import run_lightning
 
-        return {**run_lightning(epochs, options.started, options.smoke), **peak_memory("cpu")}
+        wandb = options.one == "lightning_wandb"
+        return {**run_lightning(epochs, options.started, options.smoke, wandb), **peak_memory("cpu")}
     if options.one == "ceiling":
         return run_ceiling(*run, compile_mode=options.compile_mode, profile=options.profile)
     extra = shlex.split(options.template_args)

@@ -22,17 +22,16 @@ from kiln.runs import figures
 from kiln.training.contracts import datamodule, declared_classes, declared_names, statistics
 
 
-def log_image(trainer: Trainer, key: str, png: bytes) -> None:
-    """Send a picture (PNG bytes) to every logger that takes pictures (W&B, TensorBoard)."""
+def log_image(trainer: Trainer, key: str, path: Path) -> None:
+    """Send a saved picture to every logger that takes pictures (W&B copies the file: no decoding, no re-encoding)."""
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-    takers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger | TensorBoardLogger)]
-    image = Image.open(io.BytesIO(png)).convert("RGB") if takers else None
-    for logger in takers:
+    for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
-            logger.log_image(key=key, images=[image], step=trainer.global_step)
+            logger.log_image(key=key, images=[str(path)], step=trainer.global_step)
         elif isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_image(key, np.asarray(image), trainer.global_step, dataformats="HWC")
+            image = np.asarray(Image.open(path).convert("RGB"))
+            logger.experiment.add_image(key, image, trainer.global_step, dataformats="HWC")
 
 
 def denormalised(trainer: Trainer, x: Tensor) -> Tensor:
@@ -100,7 +99,8 @@ class BatchGrid(Callback):
                 x if x.ndim == 3 else x.unsqueeze(1), labels, cell=1.5 * self.cell / figures.DPI
             )
         self.path = Path(trainer.default_root_dir) / "batch_grid.png"
-        log_image(trainer, "batch_grid", figures.save(figure, self.path))
+        figures.save(figure, self.path)
+        log_image(trainer, "batch_grid", self.path)
 
 
 class ConfusionMatrixReport(Callback):
@@ -154,8 +154,8 @@ class ConfusionMatrixReport(Callback):
         correct, total = int(self.matrix.diagonal().sum()), int(self.matrix.sum())
         title = f"test: {correct} of {total} right ({correct / max(total, 1):.4f}), weights {weights or 'in memory'}"
         self.path = Path(trainer.default_root_dir) / f"confusion_matrix{f'-{weights}' if weights else ''}.png"
-        image = figures.save(figures.confusion_figure(self.matrix, names, title), self.path)
-        log_image(trainer, "test/confusion_matrix", image)
+        figures.save(figures.confusion_figure(self.matrix, names, title), self.path)
+        log_image(trainer, "test/confusion_matrix", self.path)
         self._print_table(self.matrix, names, f" ({weights}.ckpt)" if weights else "")
 
     @staticmethod
