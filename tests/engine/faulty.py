@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.data.base import InMemoryDataset
+from kiln.data.datasets import InMemoryDataset
 from research.data import DigitsDataModule
 from research.models import Classifier
 from research.nets import SmallCNN

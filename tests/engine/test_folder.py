@@ -15,7 +15,7 @@ from dataset_files import truncate, write_bomb_png, write_image_folder, write_pn
 from helpers import CONFIGS, LIMIT
 
 from kiln.cli import build_cli
-from kiln.data.base import InMemoryDataset
+from kiln.data.datasets import InMemoryDataset
 from kiln.data.folder import FolderDataModule, ImageFiles, decode
 from kiln.errors import DataError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {"kiln", "kiln.cli", "kiln.cli.from_checkpoint", "kiln.commands.boundary", "kiln.console", "kiln.data",
           "kiln.errors", "kiln.results",
-          "kiln.runs.figures", "kiln.testing", "kiln.training.schedules"}  # fmt: skip
+          "kiln.runs.figures", "kiln.testing", "kiln.training.hparams", "kiln.training.schedules"}  # fmt: skip
 
 
 def engine_imports(source: str) -> set[str]:

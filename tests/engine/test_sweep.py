@@ -22,7 +22,7 @@ from helpers import CONFIGS, LIMIT, PROBES
 from kiln import results
 from kiln.cli import build_cli
 from kiln.commands.boundary import main
-from kiln.commands.sweep.driver import sweep_command
+from kiln.commands.sweep.command import sweep_command
 from kiln.commands.sweep.space import read_sweep
 from kiln.errors import ConfigError, UsageError
 

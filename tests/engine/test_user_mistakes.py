@@ -13,7 +13,7 @@ import pytest
 from helpers import LIMIT
 
 # a user's module: each class makes one mistake (the line numbers are asserted below)
-MINE = """from kiln.data.base import seeded_split
+MINE = """from kiln.data import seeded_split
 from research.data import DigitsDataModule
 from research.models import Classifier
 

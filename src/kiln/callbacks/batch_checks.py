@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from kiln.console import say
-from kiln.data.base import check_labels
+from kiln.data.datasets import check_labels
 from kiln.errors import HealthCheckError
 from kiln.training.contracts import classes, datamodule, declared_classes, network_channels, sample_shape
 

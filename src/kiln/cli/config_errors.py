@@ -86,10 +86,6 @@ def _inline(text: str) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def _load(path: str) -> Any:
-    return load_yaml(Path(path).read_text())
-
-
 def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
     """Where the settings came from, in the order they apply: default files, then ``-c`` files and flags."""
     found = [Source(str(path)) for path in default_files]
@@ -107,7 +103,7 @@ def sources(args: list[str], default_files: Iterable[str]) -> list[Source]:
             flags.entries.append((key.rstrip("+"), value))
     for source in found:
         try:
-            source.entries = list(_walk(_load(source.name)))
+            source.entries = list(_walk(load_yaml(Path(source.name).read_text())))
         except yaml.YAMLError as err:
             source.problem = err
         except OSError:  # not a file: a config given inline (a checkpoint's), or one jsonargparse names as missing
@@ -214,6 +210,18 @@ def describe(message: str, args: list[str], default_files: Iterable[str], known_
 
 
 def _describe(message: str, settings: list[Source], known_keys: Callable[[], list[str]]) -> str:
+    if (line := _file_problem(message, settings)) is not None:
+        return line
+    mistake = read_mistake(message)
+    if mistake is None:
+        return " ".join(message.split())
+    return (
+        _value_mistake(mistake, settings) if mistake.kind == "value" else _name_mistake(mistake, settings, known_keys)
+    )
+
+
+def _file_problem(message: str, settings: list[Source]) -> str | None:
+    """The line for a config file that is empty-named, not YAML, or absent (None: the files are fine)."""
     broken = next((s for s in settings if s.problem is not None), None)
     if message.strip() == "Unexpected config:":  # jsonargparse's word for `-c ""`
         return "-c: an empty file name: give a YAML file, or leave -c out"
@@ -225,9 +233,11 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         absent = Path(missing.group(1)).resolve()
         name = next((s.name for s in settings if Path(s.name).resolve() == absent), str(absent))
         return f"{name}: no such file"
-    mistake = read_mistake(message)
-    if mistake is None:
-        return " ".join(message.split())
+    return None
+
+
+def _name_mistake(mistake: Mistake, settings: list[Source], known_keys: Callable[[], list[str]]) -> str:
+    """The line for a name that does not exist: an argument, a class, a module, a setting."""
     path = ".init_args.".join(mistake.keys)
     if mistake.kind == "option":
         (option,) = mistake.found
@@ -251,10 +261,14 @@ def _describe(message: str, settings: list[Source], known_keys: Callable[[], lis
         given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
         hint = _moved_hint(given)
         return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
-    if mistake.kind == "key":
-        key = mistake.found[0]
-        where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
-        return f"{where}: no such setting{nearest(key, known_keys())}"
+    key = mistake.found[0]  # kind "key"
+    where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
+    return f"{where}: no such setting{nearest(key, known_keys())}"
+
+
+def _value_mistake(mistake: Mistake, settings: list[Source]) -> str:
+    """The line for a value of the wrong kind, with what was expected."""
+    path = ".init_args.".join(mistake.keys)
     (value,) = mistake.found
     shown = repr(value)
     if nested := NESTED_ARG.fullmatch(str(value)):  # a flag of a nested class: jsonargparse shows its internal repr

@@ -30,7 +30,7 @@ from kiln.runs.record import RunRecord
 
 # subcommand -> the module and function that runs it (fit, validate, test and predict: kiln.cli)
 COMMANDS = {
-    "sweep": ("kiln.commands.sweep.driver", "sweep_command"),  # many `fit` runs, driven by Optuna
+    "sweep": ("kiln.commands.sweep.command", "sweep_command"),  # many `fit` runs, driven by Optuna
     "multirun": ("kiln.commands.sweep.multirun", "multirun_command"),  # seeds, folds and grids of `fit`, aggregated
     "export": ("kiln.commands.export", "export_command"),  # ONNX and torch.export files, checked against eager
     "convert": ("kiln.commands.convert", "main"),  # any datamodule's splits to LitData chunks

@@ -144,14 +144,7 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
         raise UsageError(f"kiln export: {type(served).__name__}.forward returns a {type(outputs).__name__}; "
                          "an export takes a forward that returns a tensor, or a tuple or dict of them")  # fmt: skip
     classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None
-    output.parent.mkdir(parents=True, exist_ok=True)
-    weights = sum(t.numel() * t.element_size() for t in served.state_dict().values())
-    needed, free = len(formats) * weights + 16 * 2**20, shutil.disk_usage(output.parent).free  # + graphs, reports
-    if needed > free:  # the ONNX writer aborts the process on a full disk (C++), past any except
-        raise UsageError(
-            f"kiln export: {output.parent} has {free / 2**20:.0f} MiB free, the export needs about "
-            f"{needed / 2**20:.0f} MiB: free some, or give another --output"
-        )
+    _check_disk(served, formats, output)
     report: dict[str, Any] = {"checkpoint": str(ckpt_path), "samples": len(inputs), "tolerance": tolerance,
                               "output": "logits" if classifier else "output", "output_names": list(names)}  # fmt: skip
     if version is not None:
@@ -168,15 +161,33 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
         spec = {**preprocess(data, example, classifier), "output_names": list(names)}
         (staging / "preprocess.json").write_text(json.dumps(spec, indent=2))
         (staging / "parity.json").write_text(json.dumps(report, indent=2))
-        bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
-               if r["max_abs_diff"] > tolerance or r.get("top1_agreement", 1.0) < 1.0]  # fmt: skip
-        if bad:
-            fmt, size, r = bad[0]
-            raise KilnError(
-                f"{fmt} export differs from the eager model at batch size {size}: {agreement(r, tolerance)}; "
-                "nothing was written"
-            )
+        _refuse_disagreement(report, formats, tolerance)
     return report
+
+
+def _check_disk(served: torch.nn.Module, formats: list[str], output: Path) -> None:
+    """Room for every format's weights, before writing: the ONNX writer aborts the process on a full disk (C++),
+    past any except."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    weights = sum(t.numel() * t.element_size() for t in served.state_dict().values())
+    needed, free = len(formats) * weights + 16 * 2**20, shutil.disk_usage(output.parent).free  # + graphs, reports
+    if needed > free:
+        raise UsageError(
+            f"kiln export: {output.parent} has {free / 2**20:.0f} MiB free, the export needs about "
+            f"{needed / 2**20:.0f} MiB: free some, or give another --output"
+        )
+
+
+def _refuse_disagreement(report: dict[str, Any], formats: list[str], tolerance: float) -> None:
+    """An exported file that answers otherwise than the eager model stops the export: nothing is written."""
+    bad = [(fmt, size, r) for fmt in formats for size, r in report[fmt].items()
+           if r["max_abs_diff"] > tolerance or r.get("top1_agreement", 1.0) < 1.0]  # fmt: skip
+    if bad:
+        fmt, size, r = bad[0]
+        raise KilnError(
+            f"{fmt} export differs from the eager model at batch size {size}: {agreement(r, tolerance)}; "
+            "nothing was written"
+        )
 
 
 def _checkpoint(given: str, files: list[str], root: str | None, name: str | None) -> Reference:

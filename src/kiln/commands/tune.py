@@ -93,7 +93,7 @@ def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: 
     """The range test on the model and data the fit arguments build, trained in a scratch run folder (removed
     after) without validation, checkpoints or the non-finite guard, the global random states put back."""
     from kiln.cli import argv_hidden, build_cli
-    from kiln.data.base import global_rngs_kept
+    from kiln.data.datasets import global_rngs_kept
 
     scratch = Path(tempfile.mkdtemp(prefix="kiln-tune-"))
     test = RangeTest(min_lr, max_lr, num_training)

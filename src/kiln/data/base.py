@@ -1,16 +1,10 @@
-"""Shared DataModule machinery: in-memory tensors of any sample shape, seeded splits and DataLoader hygiene."""
+"""The DataModule for tensors in memory, of any sample shape, and the DataLoader hygiene every kiln DataModule
+shares (its datasets: ``kiln.data.datasets``; its splits: ``kiln.data.splits``)."""
 
 from __future__ import annotations
 
-import inspect
-import os
-import random
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
@@ -19,186 +13,23 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from kiln.console import quiet_worker_hint
-from kiln.data.on_device import (
-    DeviceLoader,
-    augmentation_seed,
-    check_fits,
-    normalised,
-    seeded_augmentation,
-    stats_view,
-    to_unit_float,
-)
-from kiln.data.sampling import EvaluationShard, ResumableSampler
-from kiln.errors import CallError, ConfigError, DataError, HealthCheckError
+from kiln.data import loaders
+from kiln.data.datasets import InMemoryDataset, SampleDataset, Transform, check_labels, global_rngs_kept
+from kiln.data.splits import k_folds
+from kiln.errors import ConfigError, DataError
 from kiln.process.stop_signals import worker_init_fn
-
-Transform = Callable[[Tensor], Tensor]
-
-
-class SampleDataset(Dataset):
-    """Samples (and targets, or ``None`` for unlabelled data) with seeded augmentation and normalisation.
-
-    Each batch is gathered by :meth:`_gather` (a tensor slice, or files decoded), converted to
-    float, augmented (train only), then normalised, so augmentation fills with true black and
-    normalisation statistics stay those of the raw values; integer inputs other than uint8 pixels
-    (token ids) pass as they are. Targets keep their dtype: class indices, real values, token ids.
-    Given ``(epoch, index)`` keys (see :class:`ResumableSampler`), the augmentation is seeded from
-    ``(seed, epoch, index)`` of the item, or of a batch's first item when the DataLoader asks for a
-    whole batch (``__getitems__``): the same augmentation in any worker, after any restart.
-    """
-
-    def __init__(
-        self,
-        targets: Tensor | None,
-        sample_shape: Sequence[int],
-        mean: Sequence[float],
-        std: Sequence[float],
-        transform: Transform | None = None,
-        seed: int = 0,
-    ) -> None:
-        self.targets = targets
-        self.mean = stats_view(mean, sample_shape, "mean")
-        self.std = stats_view(std, sample_shape, "std")
-        self.transform = transform
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.targets) if self.targets is not None else 0
-
-    def _gather(self, index: Tensor) -> Tensor:
-        """The raw samples at ``index``, stacked (uint8 images, floats, or integer ids)."""
-        raise NotImplementedError
-
-    def raw(self, i: int) -> tuple[Tensor, Any]:
-        """Sample ``i`` as stored (before augmentation and normalisation) and its target (``None``: none)."""
-        target = self.targets[i] if self.targets is not None else None
-        return self._gather(torch.tensor([i]))[0], target.item() if target is not None and not target.ndim else target
-
-    def __getitem__(self, key: int | tuple[int, int]) -> Any:
-        x, y = self._batch([key])
-        return x[0] if y is None else (x[0], y[0])
-
-    def __getitems__(self, keys: list[int | tuple[int, int]]) -> list[Any]:
-        """A whole batch in a few tensor operations: one gather, one seeding, one normalisation."""
-        x, y = self._batch(keys)
-        return list(x.unbind(0)) if y is None else list(zip(x.unbind(0), y.unbind(0), strict=True))
-
-    def _batch(self, keys: list[int | tuple[int, int]]) -> tuple[Tensor, Tensor | None]:
-        pairs = [key if isinstance(key, tuple) else (None, key) for key in keys]
-        index = torch.tensor([i for _, i in pairs], dtype=torch.long)
-        with torch.inference_mode():  # no autograd bookkeeping: per-sample transforms run ~20% faster
-            x = self._augmented(self._gather(index), *pairs[0])
-        # outside inference mode, so the batch is an ordinary tensor that autograd may save
-        return normalised(x, self.mean, self.std), self.targets[index] if self.targets is not None else None
-
-    def _augmented(self, inputs: Tensor, epoch: int | None, first: int) -> Tensor:
-        x = to_unit_float(inputs)
-        if self.transform is None or not torch.is_floating_point(x):
-            return x
-        with seeded_augmentation(augmentation_seed(self.seed, epoch, first) if epoch is not None else None):
-            return torch.stack([self.transform(sample) for sample in x])
+from kiln.training.hparams import save_config
 
 
-class InMemoryDataset(SampleDataset):
-    """Samples held as one ``N x ...`` tensor (images ``N x C x H x W`` as uint8 or float in [0, 1],
-    signals ``N x C x L`` or ``N x L``, features ``N x F``, token ids ``N x T``), with their targets."""
-
-    def __init__(
-        self,
-        inputs: Tensor,
-        targets: Tensor,
-        mean: Sequence[float],
-        std: Sequence[float],
-        transform: Transform | None = None,
-        seed: int = 0,
-    ) -> None:
-        if len(inputs) != len(targets):
-            raise ValueError(f"{len(inputs)} samples but {len(targets)} targets")
-        super().__init__(targets, inputs.shape[1:], mean, std, transform, seed)
-        self.inputs = inputs
-        self.targets: Tensor = targets
-
-    def _gather(self, index: Tensor) -> Tensor:
-        return self.inputs[index]
-
-
-@contextmanager
-def global_rngs_kept() -> Iterator[None]:
-    """Put Python's, NumPy's and torch's global RNG states back afterwards: a dataset that reseeds
-    them while loading (many generators call ``np.random.seed``) leaves the run's seeding alone."""
-    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.random.set_rng_state(states[2])
-
-
-def check_labels(labels: Tensor, num_classes: int, where: str) -> None:
-    """Stop with one line naming the batch and the sample whose label is outside ``[0, num_classes)``."""
-    bad = ((labels < 0) | (labels >= num_classes)).nonzero()
-    if len(bad):
-        first = tuple(int(i) for i in bad[0])  # a dense label (a mask's pixel) also names where in the sample
-        at = f"sample {first[0]}" + (f" at {first[1:]}" if len(first) > 1 else "")
-        raise HealthCheckError(
-            f"{where}: label {int(labels[first])} of {at} is outside [0, {num_classes}) "
-            f"({len(bad)} such labels); fix the labels or num_classes"
+def _check_options(num_folds: int | None, fold: int, on_device: bool, train_transforms: list | None) -> None:
+    """Options that cannot go together stop before any data is read."""
+    if num_folds is not None and not (num_folds >= 2 and fold < num_folds):
+        raise ConfigError(f"data.num_folds {num_folds}, data.fold {fold}: need num_folds >= 2 and fold < num_folds")
+    if on_device and train_transforms:
+        raise ConfigError(
+            "data.train_transforms run per sample in the DataLoader path and do not apply with "
+            "data.on_device=true: set data.batch_augment (e.g. kiln.data.BatchRandomAffine) instead"
         )
-
-
-def default_num_workers() -> int:
-    """One worker per available core, leaving one for the main process, at most 8."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(8, cores - 1))
-
-
-def seeded_split(n: int, fractions: Sequence[float], seed: int) -> list[Tensor]:
-    """Split ``range(n)`` into index tensors of the given fractions; same seed, same split."""
-    if n < 0 or any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
-        raise CallError(f"seeded_split({n}, {tuple(fractions)}, {seed}): the fractions must each be in [0, 1] and add "
-                        "up to at most 1 (the last part takes the rest), and n at least 0")  # fmt: skip
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    sizes = [round(f * n) for f in fractions[:-1]]
-    sizes.append(n - sum(sizes))
-    return list(torch.split(order, sizes))
-
-
-def stratified_split(labels: Sequence[int], fractions: Sequence[float], seed: int) -> list[list[int]]:
-    """Indices split so each class keeps the same ``fractions`` in every part; the rest comes first.
-
-    Same seed, same split: the order within each class is a seeded permutation.
-    """
-    g = torch.Generator().manual_seed(seed)
-    parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
-    for c in sorted(set(labels)):
-        members = [i for i, label in enumerate(labels) if label == c]
-        order = [members[i] for i in torch.randperm(len(members), generator=g).tolist()]
-        start = 0
-        for part, fraction in enumerate(fractions, start=1):
-            count = round(fraction * len(members))
-            parts[part] += order[start : start + count]
-            start += count
-        parts[0] += order[start:]
-    return parts
-
-
-def k_folds(labels: Sequence[Any], k: int, seed: int, stratified: bool = True) -> Tensor:
-    """The fold (0..k-1) of each sample, seeded: stratified (each class spread evenly over the folds), or for
-    targets that are not classes, a seeded permutation cut evenly."""
-    g = torch.Generator().manual_seed(seed)
-    folds = torch.empty(len(labels), dtype=torch.long)
-    for c in sorted(set(labels)) if stratified else [None]:
-        members = torch.tensor([i for i, label in enumerate(labels) if c is None or label == c])
-        members = members[torch.randperm(len(members), generator=g)]
-        folds[members] = torch.arange(len(members)) % k
-    return folds
-
-
-def _built(value: Any) -> bool:
-    """A hyper-parameter that is a built object (a module, a function), or a list of them, not a config."""
-    items = value if isinstance(value, list | tuple) else [value]
-    return any(isinstance(v, nn.Module) or callable(v) for v in items)
 
 
 class TensorDataModule(LightningDataModule):
@@ -262,25 +93,12 @@ class TensorDataModule(LightningDataModule):
         fold_seed: int = 0,
     ) -> None:
         super().__init__()
-        # under the CLI, its config of the data: a checkpoint rebuilds it. The frame is passed, never stored:
-        # Lightning's own lookup (and a local variable) keeps it in a reference cycle, which would hold this
-        # module and its loaders' worker processes until a garbage collection, whose shutdown of them stalls
-        with warnings.catch_warnings():  # Lightning's advice on `nn.Module`s is a LightningModule's; dropped below
-            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
-            self.save_hyperparameters(logger=False, frame=inspect.currentframe())
-        for key in [k for k, v in self.hparams.items() if _built(v)]:
-            del self.hparams[key]  # objects built in Python (a notebook's transforms): not a config
-        if num_folds is not None and not (num_folds >= 2 and fold < num_folds):
-            raise ConfigError(f"data.num_folds {num_folds}, data.fold {fold}: need num_folds >= 2 and fold < num_folds")
+        save_config(self, logger=False)  # under the CLI, its config of the data: a checkpoint rebuilds it
+        _check_options(num_folds, fold, on_device, train_transforms)
         self.num_folds, self.fold, self.fold_seed = num_folds, int(fold), fold_seed
-        if on_device and train_transforms:
-            raise ConfigError(
-                "data.train_transforms run per sample in the DataLoader path and do not apply with "
-                "data.on_device=true: set data.batch_augment (e.g. kiln.data.BatchRandomAffine) instead"
-            )
         self.batch_size = int(batch_size)  # plain ints: checkpoints (a streaming loader's state) load safely
         self.eval_batch_size = int(eval_batch_size or batch_size)
-        self.num_workers = default_num_workers() if num_workers is None else int(num_workers)
+        self.num_workers = loaders.default_num_workers() if num_workers is None else int(num_workers)
         self.train_transforms = train_transforms
         self.seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set: shuffling and augmentation follow it
         self.mean = tuple(mean) if mean is not None else self.default_mean
@@ -368,51 +186,27 @@ class TensorDataModule(LightningDataModule):
         """The loader of a split that is set up and not empty (each stops here in one line otherwise)."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() must run before asking for a dataloader")
-        self._refuse_empty(dataset, train)
+        loaders.refuse_empty(self, dataset, train)
         return self._new_loader(dataset, train)
 
     def _new_loader(self, dataset: Dataset, train: bool) -> Any:
         """A DataLoader (with ``on_device`` a DeviceLoader); for ``train`` shuffled, resumable, split over ranks."""
-        trainer = self.trainer
-        on_cuda = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
-        sampler = None
-        if train:  # only training data is shuffled; evaluation order stays fixed
-            ranks = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-            sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=ranks[0], rank=ranks[1])  # type: ignore[arg-type]
-            if self.resume_position is not None:  # the loader may be built, and started, before the loops restore
-                epoch, samples = self.resume_position
-                sampler.set_epoch(epoch)
-                sampler.skip, self.resume_position = samples, None
-        shard = None
-        if not train and trainer is not None and trainer.world_size > 1:  # every sample once, never a padded repeat
-            shard = EvaluationShard(dataset, trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
+        sampler = loaders.sampler(self, dataset, train)
         if self.on_device:
-            return self._device_loader(dataset, sampler or shard, train)
+            return loaders.device_loader(self, dataset, sampler, train)
         if isinstance(dataset, InMemoryDataset) and self.num_workers == 0:
             quiet_worker_hint()
+        trainer = self.trainer
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            sampler=sampler or shard,
+            sampler=sampler,
             num_workers=self.num_workers,
-            pin_memory=on_cuda,  # pinned host memory only helps host-to-GPU copies
+            pin_memory=trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator),  # host-to-GPU only
             persistent_workers=self.num_workers > 0,  # keep workers alive between epochs
             generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
             worker_init_fn=worker_init_fn(),  # a process-group SIGTERM is the main process's to handle
         )
-
-    def _refuse_empty(self, dataset: Dataset, train: bool) -> None:
-        """An empty split would train nothing (then test the untrained network), or choose the best
-        checkpoint on no data, or report a test on nothing: each stops here, in one line."""
-        if len(dataset) > 0:  # type: ignore[arg-type]
-            return
-        split = "training" if train else "validation" if dataset is self.val_set else "evaluation"
-        if split == "validation" and self.trainer is not None and self.trainer.limit_val_batches == 0:
-            return  # validation turned off on purpose
-        fix = "check the data files and the split fractions"
-        if split == "validation":
-            fix += "; to train without validation: --trainer.limit_val_batches 0 and a ModelCheckpoint without monitor"
-        raise DataError(f"{type(self).__name__}: the {split} set is empty; {fix}")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Check class labels on the host, before a bad one becomes an IndexError (or a CUDA device-side assert)."""
@@ -425,37 +219,6 @@ class TensorDataModule(LightningDataModule):
             count = self._batches_seen[(stage, epoch)] = self._batches_seen.get((stage, epoch), -1) + 1
             check_labels(labels, self.num_classes, f"{stage} batch {count} of epoch {epoch}")
         return batch
-
-    def _device_loader(
-        self, dataset: Dataset, sampler: ResumableSampler | EvaluationShard | None, train: bool
-    ) -> DeviceLoader:
-        if not isinstance(dataset, InMemoryDataset):
-            raise ConfigError(
-                f"data.on_device: {type(self).__name__} reads {type(dataset).__name__} samples, not tensors in memory: "
-                "set data.init_args.cache=true to decode them once into memory, or on_device=false"
-            )
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        if not self._device_copies:  # before the first copy: every split, or a clear error
-            splits = [d for d in (self.train_set, self.val_set, self.test_set) if isinstance(d, InMemoryDataset)]
-            check_fits([t for d in splits for t in (d.inputs, d.targets)], device)
-        if id(dataset) not in self._device_copies:  # moved once, kept for every epoch and stage
-            if self.num_classes is not None and not torch.is_floating_point(dataset.targets):  # on the host, once
-                check_labels(dataset.targets, self.num_classes, f"{type(self).__name__} data")
-            self._device_copies[id(dataset)] = (dataset.inputs.to(device), dataset.targets.to(device))
-        inputs, targets = self._device_copies[id(dataset)]
-        augment = None
-        if train:
-            augment = self.batch_augment if self.batch_augment is not None else self.default_batch_augment()
-        return DeviceLoader(
-            inputs,
-            targets,
-            self.batch_size if train else self.eval_batch_size,
-            self.mean,
-            self.std,
-            sampler=sampler,
-            augment=augment.to(device) if augment is not None else None,
-            seed=self.seed,
-        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

@@ -17,7 +17,9 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
+from kiln.data.base import TensorDataModule
+from kiln.data.datasets import SampleDataset
+from kiln.data.splits import stratified_split
 from kiln.errors import ConfigError, DataError
 from kiln.images import IMAGE_SUFFIXES, decode_array, image_files, pixel_array
 

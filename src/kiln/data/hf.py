@@ -9,8 +9,10 @@ import torch
 from jsonargparse.typing import PositiveInt
 from torch import Tensor
 
-from kiln.data.base import SampleDataset, TensorDataModule, stratified_split
+from kiln.data.base import TensorDataModule
+from kiln.data.datasets import SampleDataset
 from kiln.data.folder import imagenet_stats, pixels
+from kiln.data.splits import stratified_split
 from kiln.errors import DataError, MissingDataError
 
 SPLIT_NAMES = {"train": ("train",), "val": ("validation", "val", "valid"), "test": ("test",)}
@@ -88,7 +90,13 @@ class HFDataModule(TensorDataModule):
         super().__init__(**kwargs)
         self.input_column, self.label_column = input_column, label_column
         self.fractions, self.split_seed = (val_fraction, test_fraction), split_seed
-        names = getattr(train.features[label_column], "names", None)  # a ClassLabel column's
+        self._read_classes(label_column)
+        first = train[0][input_column]
+        self.input_shape = (channels, *size) if self.image else tuple(torch.as_tensor(first).shape)
+
+    def _read_classes(self, label_column: str) -> None:
+        """The classes from the label column: a ClassLabel's names, integers 0..max, or the sorted strings."""
+        names = getattr(self.splits_found["train"].features[label_column], "names", None)  # a ClassLabel column's
         values = sorted({v for split in self.splits_found.values() for v in split[label_column]})
         if any(isinstance(v, float) and not v.is_integer() for v in values):  # would be one class per value
             raise DataError(f"data: the label column {label_column!r} holds real values ({values[0]}, …); "
@@ -102,8 +110,6 @@ class HFDataModule(TensorDataModule):
             self._codes = {v: i for i, v in enumerate(values)}
         self.class_names = tuple(names)
         self.num_classes = len(names)
-        first = train[0][input_column]
-        self.input_shape = (channels, *size) if self.image else tuple(torch.as_tensor(first).shape)
 
     @staticmethod
     def _open(path: str | Path | None, data_files: str | dict[str, str] | None, name: str | None) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kiln.data.base import SampleDataset, TensorDataModule
+from kiln.data.base import TensorDataModule
+from kiln.data.datasets import SampleDataset
 from kiln.data.on_device import augmentation_seed, normalised, seeded_augmentation, stats_view, to_unit_float
 from kiln.errors import ConfigError, DataError
 from kiln.training.contracts import project_declarations

@@ -10,8 +10,9 @@ from torch import Tensor, nn
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from kiln.data.base import TensorDataModule, seeded_split
+from kiln.data.base import TensorDataModule
 from kiln.data.on_device import BatchRandomAffine
+from kiln.data.splits import seeded_split
 from kiln.errors import MissingDataError
 
 _MNIST_FILES = (

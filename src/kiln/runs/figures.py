@@ -102,6 +102,16 @@ def _down(values: np.ndarray, low: float, high: float, top: float, height: float
     return top + height * (np.full_like(values, 0.5) if high == low else (high - values) / (high - low))
 
 
+def _confusion_layout(k: int, longest: int) -> tuple[int, float, float, float, float, float, float]:
+    """Font size and inches (names beside a panel, under it, the panel, its left edge, the figure's width and
+    height) for ``k`` classes whose longest name has ``longest`` characters."""
+    font = 8 if k <= 20 else 6
+    names = 0.1 + (font + 1) / 72 * 0.6 * min(longest, 60)  # inches the longest name takes beside a panel
+    below = 0.1 + (names * 0.72 if longest > 2 else (font + 1) / 72)  # under it, turned 45 degrees
+    panel, left, top = max(2.5, 0.42 * k), names + 0.35, 0.55  # 0.35: the axis label; 0.55: the titles
+    return font, names, below, panel, left, 2 * (left + panel) + 0.2, top + panel + below + 0.35
+
+
 def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = "") -> Figure:
     """Counts beside the share of each true class, every count written in its cell (above 20 classes a blank
     cell is 0; above 30 the share is the colour alone) and every class name in full; the figure grows with the
@@ -111,13 +121,8 @@ def confusion_figure(matrix: Tensor, class_names: Sequence[str], title: str = ""
 
     counts = matrix.detach().cpu().long().numpy()
     shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    k = len(counts)
-    longest = max((len(name) for name in class_names), default=1)
-    font = 8 if k <= 20 else 6
-    names = 0.1 + (font + 1) / 72 * 0.6 * min(longest, 60)  # inches the longest name takes beside a panel
-    below = 0.1 + (names * 0.72 if longest > 2 else (font + 1) / 72)  # under it, turned 45 degrees
-    panel, left, top = max(2.5, 0.42 * k), names + 0.35, 0.55  # 0.35: the axis label; 0.55: the titles
-    width, height = 2 * (left + panel) + 0.2, top + panel + below + 0.35
+    k, longest = len(counts), max((len(name) for name in class_names), default=1)
+    font, names, below, panel, left, width, height = _confusion_layout(k, longest)
     figure = Figure(figsize=(width, height))  # a fixed layout: matplotlib's constrained one costs more
 
     def write(x: float, y: float, text: str, **style: object) -> None:  # at inches from the bottom left

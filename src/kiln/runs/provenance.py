@@ -129,7 +129,7 @@ def argv_shown(secrets: list[str] | None = None) -> Iterator[None]:
 def data_fingerprint(datamodule: Any) -> dict[str, Any]:
     """Per split the datamodule set up: its size and a sha256 of what it read: tensors held in memory whole,
     files by name and size and the bytes of up to 64 of them (spread evenly); another dataset by its size."""
-    from kiln.data.base import InMemoryDataset
+    from kiln.data.datasets import InMemoryDataset
 
     found = {}
     for split in ("train", "val", "test"):

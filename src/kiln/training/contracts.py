@@ -35,6 +35,7 @@ A network class (``model.net``'s):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -136,16 +137,20 @@ PROJECT = "pyproject.toml"
 def project_declarations() -> tuple[str, ...]:
     """Names a project's data declares beyond kiln's own, linked and streamed as kiln's are: ``[tool.kiln] declares``
     in the ``pyproject.toml`` of the folder kiln runs in (a pose task's ``num_joints``: no engine edit)."""
+    path = Path(PROJECT).resolve()
+    return _declared_in(path, path.stat().st_mtime_ns) if path.is_file() else ()
+
+
+@functools.lru_cache(maxsize=4)
+def _declared_in(path: Path, modified: int) -> tuple[str, ...]:
+    """The file read once a command, however many links, checks and streams ask (again when it changes)."""
     import tomllib
 
-    path = Path(PROJECT)
-    if not path.is_file():
-        return ()
     try:
         names = tomllib.loads(path.read_text()).get("tool", {}).get("kiln", {}).get("declares", [])
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML ({err}); fix it, as kiln reads [tool.kiln] there") from None
+        raise ConfigError(f"{PROJECT}: not valid TOML ({err}); fix it, as kiln reads [tool.kiln] there") from None
     if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
-        raise ConfigError(f'{path}: [tool.kiln] declares = {names!r}: give a list of argument names, e.g. '
+        raise ConfigError(f'{PROJECT}: [tool.kiln] declares = {names!r}: give a list of argument names, e.g. '
                           '["num_joints"]')  # fmt: skip
     return tuple(names)

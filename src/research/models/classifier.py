@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-import warnings
 from typing import Any, Literal
 
 import torch
@@ -16,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from kiln.console import say
 from kiln.errors import ConfigError
+from kiln.training.hparams import save_config
 from kiln.training.schedules import WarmupCosineLR, optimization
 from research.models.backbone import drop_gradients, hold_statistics, param_groups, split
 
@@ -61,14 +60,7 @@ class Classifier(LightningModule):
         freeze_backbone_epochs: int = 0,
     ) -> None:
         super().__init__()
-        # Under LightningCLI this stores the YAML config of `net`, optimizer and scheduler, so
-        # `load_from_checkpoint` rebuilds them; objects built in Python are not stored (pass them again).
-        with warnings.catch_warnings():  # Lightning warns about `net` objects, which are dropped just below
-            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
-            self.save_hyperparameters(frame=inspect.currentframe())  # passed, never stored: no reference cycle
-            objects = [k for k, v in self.hparams.items() if callable(v)]  # built in Python, not configs
-            if objects:  # saved again without them: hparams_initial (what loggers record) kept a deep copy of each
-                self.save_hyperparameters(self.hparams, ignore=objects, frame=inspect.currentframe())
+        save_config(self)  # the net's, optimizer's and scheduler's configs: load_from_checkpoint rebuilds them
         self.net = net
         self.num_classes = num_classes
         self.optimizer_factory = optimizer

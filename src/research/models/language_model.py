@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from kiln.training.hparams import save_config
 from kiln.training.schedules import optimization
 
 
@@ -67,7 +68,7 @@ class LanguageModel(LightningModule):
         scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        save_config(self)  # the optimizer's and scheduler's configs too: load_from_checkpoint rebuilds them
         self.optimizer, self.scheduler = optimizer, scheduler
         self.embed, self.position = nn.Embedding(vocab_size, width), nn.Embedding(block_size, width)
         self.blocks = nn.Sequential(*(Block(width, heads, dropout) for _ in range(depth)))

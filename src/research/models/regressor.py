@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import MeanAbsoluteError, MeanSquaredError, MetricCollection, R2Score
 
+from kiln.training.hparams import save_config
 from kiln.training.schedules import optimization
 
 
@@ -31,7 +32,7 @@ class Regressor(LightningModule):
         self, net: nn.Module, optimizer: OptimizerCallable = _adamw, scheduler: LRSchedulerCallable | None = None
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])  # the CLI stores their configs
+        save_config(self)  # the net's, optimizer's and scheduler's configs: load_from_checkpoint rebuilds them
         self.net, self.optimizer, self.scheduler = net, optimizer, scheduler
         metrics = MetricCollection(
             {"rmse": MeanSquaredError(squared=False), "mae": MeanAbsoluteError(), "r2": R2Score()}

@@ -17,15 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.commands.arguments import OneLineParser, folder, parse_command, resolved_config
+from kiln.commands.arguments import resolved_config
 from kiln.commands.sweep import reporting
 from kiln.commands.sweep.inprocess import describe, fit, fit_process, under_policy
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.reporting import MetricNotLogged
-from kiln.commands.sweep.space import Sweep, flags, read_sweep, wandb_config
+from kiln.commands.sweep.space import Sweep, flags
 from kiln.commands.sweep.study import HEARTBEAT, OWNER, beating, claim, open_study, orphans, others_running, storage_for
 from kiln.errors import AlreadyFinished, KilnError, UsageError
-from kiln.files import dump_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders, picking
 
@@ -240,47 +239,3 @@ def run_sweep(sweep: Sweep, root: Path, storage: str | None = None, subprocess_t
         raise KilnError(f"sweep {sweep.name}: every trial this run started failed ({len(states)}); each one's line "
                         "above says why")  # fmt: skip
     return study
-
-
-def sweep_command(args: list[str]) -> None:
-    """``kiln sweep -c FILE [--storage URL] [--root DIR] [--report | --wandb] [-- kiln fit arguments]``."""
-    parser = OneLineParser(prog="kiln sweep", description="Hyper-parameter search over kiln fit runs.")
-    parser.add_argument("-c", "--config", required=True, help="the sweep file (configs/sweep/<name>.yaml)")
-    parser.add_argument(
-        "--storage", help="an Optuna storage URL, or a .log/.journal file (default: SQLite in the sweep folder)"
-    )
-    parser.add_argument("--root", type=folder, default="runs/sweeps", help="where sweep folders go")
-    parser.add_argument(
-        "--subprocess", action="store_true", help="each trial its own `kiln fit` process (DDP and multi-GPU trials)"
-    )
-    parser.add_argument(
-        "--report", action="store_true", help="only print the table and write best.yaml and the pictures"
-    )
-    parser.add_argument("--wandb", action="store_true", help="write wandb_sweep.yaml for `wandb sweep` instead")
-    parser.add_argument("--n_trials", type=int, help="trials the study should hold, instead of the file's n_trials")
-    parser.add_argument("--stale_after", type=float, default=300.0, help="seconds without a heartbeat after which "
-                        "another driver's trial is taken for dead and resumed here (default 300)")  # fmt: skip
-    options, extra = parse_command(parser, args)
-    sweep = read_sweep(options.config)
-    sweep.args += extra
-    if options.stale_after <= 0:
-        raise UsageError(f"kiln sweep: --stale_after {options.stale_after:g}: give a number of seconds above 0")
-    sweep.stale_after = options.stale_after
-    if options.n_trials is not None:
-        if options.n_trials < 1:
-            raise UsageError(f"kiln sweep: --n_trials {options.n_trials}: give 1 or more")
-        sweep.n_trials = options.n_trials
-    root = Path(options.root)
-    if options.wandb:
-        path = root / sweep.name / "wandb_sweep.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump_yaml(wandb_config(sweep)))
-        print(f"wrote {path}: `wandb sweep {path}`, then `wandb agent <the sweep id it prints>` on each machine")
-        if sweep.pruner == "median":
-            print("W&B has no median pruner: its hyperband early termination stops runs from the same epoch on")
-        return
-    if options.report:
-        study = open_study(sweep, storage_for(root / sweep.name, options.storage))
-    else:
-        study = run_sweep(sweep, root, options.storage, options.subprocess)
-    report(study, sweep, root / sweep.name)

@@ -11,6 +11,7 @@ grid cell, each test metric once per set of weights the runs tested (``@best``, 
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import itertools
 import shutil
@@ -22,18 +23,15 @@ from pathlib import Path
 from kiln import console
 from kiln.commands.arguments import OneLineParser, folder, parse_command, resolved_config
 from kiln.commands.sweep.aggregate import aggregate, describe_run
-from kiln.commands.sweep.inprocess import (
-    fit,
-    fit_process,
-    short_key,
-    under_policy,
-)
+from kiln.commands.sweep.inprocess import fit, fit_process, short_key, under_policy
 from kiln.commands.sweep.space import flags
 from kiln.errors import KilnError, UsageError
 from kiln.files import broken_archives, load_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders
 from kiln.training.testing import read_metrics
+
+Planned = tuple[dict[str, str], str, list[str]]  # a run: its grid cell, its name under the root, its arguments
 
 
 def _check_folds(fit_args: list[str]) -> None:
@@ -213,8 +211,8 @@ def _one_run(
     return done
 
 
-def multirun_command(args: list[str]) -> None:
-    """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
+def _options(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The multirun's own options, checked, and the ``kiln fit`` arguments after them."""
     parser = OneLineParser(prog="kiln multirun", description="Seeds, folds and grids of kiln fit.")
     parser.add_argument("--seeds", default="0", help="0-4, or 1,3,7")
     parser.add_argument("--folds", type=int, help="K: stratified folds of train+val (data.num_folds); test fixed")
@@ -227,15 +225,32 @@ def multirun_command(args: list[str]) -> None:
         raise UsageError(f"--folds {options.folds}: give 2 or more")
     if options.folds is not None:
         _check_folds(fit_args)
+    return options, fit_args
+
+
+def _planned(
+    options: argparse.Namespace, fit_args: list[str], root: Path
+) -> list[tuple[dict[str, str], str, list[str]]]:
+    """Every run of the multirun: its grid cell, its name under the root, its ``kiln fit`` arguments."""
+    folds = list(range(options.folds)) if options.folds else [None]
+    planned = []
+    for cell in grid(options.grid):
+        for seed, fold in itertools.product(seeds(options.seeds), folds):
+            name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+            fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
+            run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
+                   f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
+            planned.append((cell, name, run))
+    return planned
+
+
+def multirun_command(args: list[str]) -> None:
+    """``kiln multirun [--seeds 0-4] [--folds K] [--grid KEY=V1,V2 ...] [--name N] [-- kiln fit arguments]``."""
+    options, fit_args = _options(args)
     root = Path(options.root) / options.name
     tested = "--run.test_after_fit=false" not in fit_args
-    folds = list(range(options.folds)) if options.folds else [None]
+    planned = _planned(options, fit_args, root)
     cell_runs: dict[str, list[Path]] = {}
-    planned = [
-        (cell, seed, fold)
-        for cell in grid(options.grid)
-        for seed, fold in itertools.product(seeds(options.seeds), folds)
-    ]
     failed: list[str] = []
 
     def take(cell: dict[str, str], name: str, run: list[str], wait: bool) -> bool:
@@ -247,11 +262,7 @@ def multirun_command(args: list[str]) -> None:
         return mine
 
     waiting = []
-    for cell, seed, fold in planned:
-        name = f"{cell_name(cell)}/seed{seed}" + (f"-fold{fold}" if fold is not None else "")
-        fold_args = [f"--data.init_args.num_folds={options.folds}", f"--data.init_args.fold={fold}"]
-        run = [*fit_args, *flags(cell), f"--seed_everything={seed}", *(fold_args if fold is not None else []),
-               f"--run.root={root}", f"--run.name={name}"]  # fmt: skip
+    for cell, name, run in planned:
         if not take(cell, name, run, wait=False):
             print(f"{name}: another multirun is training it; taken up at the end", file=sys.stderr)
             waiting.append((cell, name, run))
