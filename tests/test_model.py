@@ -41,6 +41,18 @@ def test_checkpoint_alone_rebuilds_model_with_identical_predictions() -> None:
     torch.load(last, weights_only=True, map_location="cpu")
 
 
+@pytest.mark.parametrize("experiment", ["friedman", "sentences"])
+def test_every_example_model_rebuilds_from_its_checkpoint_alone(experiment: str) -> None:
+    """One way to save hyper-parameters (kiln.training.hparams.save_config): the regressor ignored its net's config."""
+    cli = build_cli(["fit", "-c", str(CONFIGS / "experiment" / f"{experiment}.yaml"), "-c", str(CONFIGS / "debug" /
+                     "limit.yaml"), "--trainer.logger", "false", "--run.test_after_fit", "false"])  # fmt: skip
+    last = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+    loaded = type(cli.model).load_from_checkpoint(last, map_location="cpu").eval()
+    batch = next(iter(cli.datamodule.val_dataloader()))[0][:4]
+    with torch.inference_mode():
+        assert torch.equal(cli.model.eval()(batch), loaded(batch))
+
+
 def test_model_built_in_python_stores_no_objects_in_hparams(tmp_path: Path) -> None:
     model = Classifier(net=SmallCNN(), num_classes=10)
     assert "net" not in model.hparams and "optimizer" not in model.hparams
