@@ -294,6 +294,14 @@ class PlainDigits(LightningDataModule):
         return DataLoader(self.sets[2], batch_size=self.batch_size)
 
 
+class WeightedDigits(PlainDigits):
+    """PlainDigits drawn through a sampler of the user's own (weighted, with replacement): no order kiln can resume."""
+
+    def train_dataloader(self) -> DataLoader:
+        weights = [1.0] * len(self.sets[0])
+        return DataLoader(self.sets[0], self.batch_size, sampler=torch.utils.data.WeightedRandomSampler(weights, 1000))
+
+
 class ManyCores(Callback):
     """Lightning sees a 16-core machine (its worker hint needs more than 2 cores; CI has 2)."""
 

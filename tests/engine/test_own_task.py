@@ -91,6 +91,15 @@ class ListImages(LightningDataModule):
         return DataLoader(self.test_set, batch_size=self.batch_size, collate_fn=as_list)
 
 
+class PlainImages(ListImages):
+    """Plain Lightning: the loader shuffles itself (a RandomSampler), and nothing says how to resume its order."""
+
+    resume_at = None  # no contract: kiln makes the plain order resumable itself
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, collate_fn=as_list)
+
+
 class ListNet(LightningModule):
     def __init__(self, lr: float = 0.05, log_val_loss: bool = True):
         super().__init__()
@@ -227,6 +236,22 @@ def test_a_list_of_tensors_batch_stopped_mid_epoch_resumes_bitwise_to_the_uninte
         "the training loader has no batch_size (a batch_sampler of its own), so where in epoch 0 the run stopped is "
         "unknown: the epoch starts over from its first sample, not an exact resume"
     ) in resumed.stderr
+
+
+@pytest.mark.slow
+def test_a_plain_shuffling_dataloader_stopped_mid_epoch_resumes_bitwise_with_no_code_of_its_own(project: Path) -> None:
+    args = ["fit", "-c", "experiment.yaml", "--run.test_after_fit", "false", "--data.class_path", "task.PlainImages"]
+    whole = kiln(project, *args, "--run.root", "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    stop = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=23",  # 7 batches into epoch 1
+            "--trainer.callbacks.name=SIGTERM", f"--trainer.callbacks.marker={project / 'sent'}"]  # fmt: skip
+    assert kiln(project, *args, *stop, "--run.root", "cut").returncode == 143
+    resumed = kiln(project, *args, *stop, "--run.root", "cut", "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (ran,), (cut_run,) = (project / "whole" / "shapes").iterdir(), (project / "cut" / "shapes").iterdir()
+    weights, expected = final_weights(cut_run), final_weights(ran)
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)  # was: other weights, and the line below
+    assert "cannot resume" not in (cut_run / "console.log").read_text() + resumed.stderr
 
 
 @pytest.mark.slow

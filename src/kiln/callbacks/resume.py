@@ -9,9 +9,11 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
 from kiln.callbacks import metric_states
 from kiln.console import say
+from kiln.data.sampling import ResumableSampler
 from kiln.training.contracts import ResumesMidEpoch, datamodule
 
 
@@ -63,6 +65,28 @@ def samples_per_batch(loader: Any) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
+def resumable_order(loader: Any, seed: int) -> ResumableSampler | None:
+    """A plain DataLoader's order (shuffled, in order, or Lightning's ``DistributedSampler`` under DDP) swapped for
+    a ``ResumableSampler`` of the same kind: a function of (seed, epoch) that a resume can skip into, so any
+    DataModule resumes exactly with no code of its own. None for any other order (a sampler of the user's own,
+    batches of no one size, an iterable dataset), which is left as it is."""
+    batches = getattr(loader, "batch_sampler", None)
+    order = getattr(batches, "sampler", None)
+    if type(batches) is not BatchSampler or isinstance(order, ResumableSampler):
+        return order if isinstance(order, ResumableSampler) else None
+    if type(order) is RandomSampler and not order.replacement and order.num_samples == len(order.data_source):
+        kind = (True, 1, 0, seed)  # (shuffle, ranks, rank, seed)
+    elif type(order) is SequentialSampler:
+        kind = (False, 1, 0, seed)
+    elif type(order) is DistributedSampler and not order.drop_last:
+        kind = (order.shuffle, order.num_replicas, order.rank, order.seed)
+    else:
+        return None
+    shuffle, ranks, rank, seed = kind
+    batches.sampler = ResumableSampler(loader.dataset, seed, ranks, rank, shuffle, pairs=False)
+    return batches.sampler
+
+
 class ExactResume(Callback):
     """Saves RNG states, the position in the epoch's data order and the module's metric states; restores them.
 
@@ -82,10 +106,13 @@ class ExactResume(Callback):
         self._before_validation: dict[str, int] = {}  # metric update counts as this validation began
         self._metrics_epoch: int | None = None  # the epoch of the metric states a resume put back
         self._batch_size: int | None = None  # the training loader's, read at each epoch's start
+        self._order_seed = 0  # the seed of a plain loader's order made resumable (resumable_order), kept by a resume
+        self._resume_into: tuple[int, int] | None = None  # (epoch, samples) for a loader made resumable
 
     def state_dict(self) -> dict[str, Any]:
         # samples, not batches: a resume with another batch size neither replays nor skips data
-        return {"rng": capture_rng(), "epoch": self._position[0], "samples": self._position[1]}
+        return {"rng": capture_rng(), "epoch": self._position[0], "samples": self._position[1],
+                "order_seed": self._order_seed}  # fmt: skip
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -101,6 +128,8 @@ class ExactResume(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
+        if self._resume_into is None:
+            self._order_seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
@@ -111,6 +140,10 @@ class ExactResume(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch_size = samples_per_batch(trainer.train_dataloader)  # the epoch's loader (it may be reloaded)
+        if not isinstance(datamodule(trainer), ResumesMidEpoch) and (
+            order := resumable_order(trainer.train_dataloader, self._order_seed)
+        ):
+            order.set_epoch(trainer.current_epoch)  # a reloaded loader: Lightning set the epoch of the order it had
         if self._metrics_epoch is not None and self._metrics_epoch != trainer.current_epoch:
             metric_states.reset(pl_module, list(metric_states.metrics_of(pl_module)))  # saved once the epoch ended
         self._metrics_epoch = None
@@ -142,15 +175,29 @@ class ExactResume(Callback):
             samples = 0
         if isinstance(data, ResumesMidEpoch):
             data.resume_at(epoch, samples)
+        else:  # the loader is built after this: its order is made resumable, or refused, as training starts
+            self._resume_into, self._order_seed = (epoch, samples), state_dict.get("order_seed", self._order_seed)
+
+    def _resume_order(self, trainer: Trainer) -> None:
+        """A loader of the user's own: its plain order made resumable (resumable_order), and a resume skips into it."""
+        if isinstance(datamodule(trainer), ResumesMidEpoch):
+            return
+        order = resumable_order(trainer.train_dataloader, self._order_seed)
+        (epoch, samples), self._resume_into = self._resume_into or (0, 0), None
+        if order is not None:
+            order.set_epoch(epoch)
+            order.skip = samples
         elif samples:
+            data = datamodule(trainer)
             name = type(data).__name__ if data is not None else "the training loader"
             say(
                 f"{name} cannot resume its training order mid-epoch: the rest of epoch {epoch} is drawn from the start "
-                "of its data again (some samples twice, some not at all); give the datamodule resume_at(epoch, "
-                "samples) for an exact resume (kiln.training.contracts; kiln.data.ResumableSampler does it)"
+                "of its data again (some samples twice, some not at all); its loader's sampler is its own: give the "
+                "datamodule resume_at(epoch, samples) for an exact resume (kiln.data.ResumableSampler does it)"
             )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._resume_order(trainer)
         # after the sanity check, right before the first batch: loaders draw from their own generators
         if self._pending is not None:
             restore_rng(self._pending)

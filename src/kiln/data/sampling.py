@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
+from typing import Any
 
 from torch.utils.data import DistributedSampler
 
@@ -21,17 +22,21 @@ class ResumableSampler(DistributedSampler):
         num_replicas: Number of ranks sharing the data.
         rank: This process's rank.
         shuffle: Shuffle (else dataset order).
+        pairs: Yield ``(epoch, index)`` (else the index alone, for a dataset of the user's own).
     """
 
-    def __init__(self, dataset: Sized, seed: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self, dataset: Sized, seed: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, pairs: bool = True
+    ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.skip = 0  # samples of this rank to leave out at the start of the next pass
+        self.pairs = pairs
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def __iter__(self) -> Iterator[Any]:
         indices = list(super().__iter__())
         skip, self.skip = self.skip, 0
         epoch = self.epoch
-        return iter([(epoch, i) for i in indices[skip:]])
+        return iter([(epoch, i) for i in indices[skip:]] if self.pairs else indices[skip:])
 
 
 class EvaluationShard(DistributedSampler):

@@ -13,7 +13,8 @@ Data (a LightningDataModule):
         predictions and top-1 agreement in an export's parity.
     ``mean`` and ``std``: the statistics it normalises float inputs with. Pictures undo them; an
         export's ``preprocess.json`` records them.
-    ``resume_at(epoch, samples)``: where the training order resumes, for an exact mid-epoch resume.
+    ``resume_at(epoch, samples)``: where the training order resumes, for an exact mid-epoch resume of a loader whose
+        sampler is its own (a plain DataLoader's order needs none: ``callbacks.resume.resumable_order``).
     ``test_set`` with ``raw(i)``: a test sample as stored (an export's ``preprocess.json`` tells uint8 from float).
     ``num_outputs``, ``vocab_size``, ``block_size``, and any name the project lists in its ``pyproject.toml``
         (``[tool.kiln] declares = ["num_joints"]``): linked into the model's and the network's argument of the
