@@ -294,6 +294,19 @@ class PlainDigits(LightningDataModule):
         return DataLoader(self.sets[2], batch_size=self.batch_size)
 
 
+class StreamedDigits(PlainDigits):
+    """PlainDigits read through an IterableDataset of the user's own: a position no sampler holds."""
+
+    def train_dataloader(self) -> DataLoader:
+        samples = self.sets[0]
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self) -> Any:
+                return iter(samples)
+
+        return DataLoader(Stream(), batch_size=self.batch_size)
+
+
 class WeightedDigits(PlainDigits):
     """PlainDigits drawn through a sampler of the user's own (weighted, with replacement): no order kiln can resume."""
 

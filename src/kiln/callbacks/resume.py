@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from kiln.callbacks import metric_states
 from kiln.console import say
@@ -190,10 +190,13 @@ class ExactResume(Callback):
         elif samples:
             data = datamodule(trainer)
             name = type(data).__name__ if data is not None else "the training loader"
+            why = ("it reads an IterableDataset, whose position only the dataset could keep" if isinstance(
+                getattr(trainer.train_dataloader, "dataset", None), IterableDataset) else "its loader's sampler is its "
+                "own: give the datamodule resume_at(epoch, samples) for an exact resume (kiln.data.ResumableSampler "
+                "does it)")  # fmt: skip
             say(
                 f"{name} cannot resume its training order mid-epoch: the rest of epoch {epoch} is drawn from the start "
-                "of its data again (some samples twice, some not at all); its loader's sampler is its own: give the "
-                "datamodule resume_at(epoch, samples) for an exact resume (kiln.data.ResumableSampler does it)"
+                f"of its data again (some samples twice, some not at all); {why}"
             )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
