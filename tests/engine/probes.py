@@ -307,6 +307,13 @@ class StreamedDigits(PlainDigits):
         return DataLoader(Stream(), batch_size=self.batch_size)
 
 
+class WorkerDigits(PlainDigits):
+    """PlainDigits shuffled by a worker that is not persistent: Lightning starts it before kiln can order it."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.sets[0], batch_size=self.batch_size, shuffle=True, num_workers=1)
+
+
 class WeightedDigits(PlainDigits):
     """PlainDigits drawn through a sampler of the user's own (weighted, with replacement): no order kiln can resume."""
 

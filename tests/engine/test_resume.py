@@ -497,7 +497,7 @@ def test_a_resumed_runs_metrics_csv_goes_on_as_the_uninterrupted_runs(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("data", ["PlainDigits", "WeightedDigits", "StreamedDigits"])
+@pytest.mark.parametrize("data", ["PlainDigits", "WeightedDigits", "StreamedDigits", "WorkerDigits"])
 def test_a_plain_datamodule_resumes_mid_epoch_exactly_or_with_one_line_saying_it_is_not_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: str
 ) -> None:
@@ -520,7 +520,9 @@ def test_a_plain_datamodule_resumes_mid_epoch_exactly_or_with_one_line_saying_it
     # PlainDigits was told so too, before kiln made its order resumable
     why = {"WeightedDigits": "its loader's sampler is its own: give the datamodule resume_at(epoch, samples) for an "
            "exact resume (kiln.data.ResumableSampler does it)",
-           "StreamedDigits": "it reads an IterableDataset, whose position only the dataset could keep"}  # fmt: skip
+           "StreamedDigits": "it reads an IterableDataset, whose position only the dataset could keep",
+           "WorkerDigits": "its DataLoader's workers start before kiln can order them: give it "
+           "persistent_workers=True"}  # fmt: skip
     assert said == ([] if data == "PlainDigits" else [
         f"{data} cannot resume its training order mid-epoch: the rest of epoch 0 is drawn from the start of its data "
         f"again (some samples twice, some not at all); {why[data]}"

@@ -179,25 +179,37 @@ class ExactResume(Callback):
             self._resume_into, self._order_seed = (epoch, samples), state_dict.get("order_seed", self._order_seed)
 
     def _resume_order(self, trainer: Trainer) -> None:
-        """A loader of the user's own: its plain order made resumable (resumable_order), and a resume skips into it."""
+        """A loader of the user's own: its plain order made resumable (resumable_order), and a resume skips into it.
+        Lightning has started the loader's iterator by now: in-process and persistent workers take the new order
+        (the latter restarted in place, the iterator Lightning holds); other workers already took the old one."""
         if isinstance(datamodule(trainer), ResumesMidEpoch):
             return
-        order = resumable_order(trainer.train_dataloader, self._order_seed)
+        loader: Any = trainer.train_dataloader
+        order = resumable_order(loader, self._order_seed)
         (epoch, samples), self._resume_into = self._resume_into or (0, 0), None
-        if order is not None:
+        started = getattr(loader, "num_workers", 0) > 0
+        if order is not None and (not started or loader.persistent_workers):
             order.set_epoch(epoch)
             order.skip = samples
+            if started:
+                iter(loader)  # a persistent iterator starts again, in place, from this order
         elif samples:
-            data = datamodule(trainer)
-            name = type(data).__name__ if data is not None else "the training loader"
-            why = ("it reads an IterableDataset, whose position only the dataset could keep" if isinstance(
-                getattr(trainer.train_dataloader, "dataset", None), IterableDataset) else "its loader's sampler is its "
-                "own: give the datamodule resume_at(epoch, samples) for an exact resume (kiln.data.ResumableSampler "
-                "does it)")  # fmt: skip
-            say(
-                f"{name} cannot resume its training order mid-epoch: the rest of epoch {epoch} is drawn from the start "
-                f"of its data again (some samples twice, some not at all); {why}"
-            )
+            self._say_inexact(trainer, epoch, order is not None)
+
+    def _say_inexact(self, trainer: Trainer, epoch: int, started: bool) -> None:
+        data = datamodule(trainer)
+        name = type(data).__name__ if data is not None else "the training loader"
+        if started:
+            why = "its DataLoader's workers start before kiln can order them: give it persistent_workers=True"
+        elif isinstance(getattr(trainer.train_dataloader, "dataset", None), IterableDataset):
+            why = "it reads an IterableDataset, whose position only the dataset could keep"
+        else:
+            why = ("its loader's sampler is its own: give the datamodule resume_at(epoch, samples) for an exact resume "
+                   "(kiln.data.ResumableSampler does it)")  # fmt: skip
+        say(
+            f"{name} cannot resume its training order mid-epoch: the rest of epoch {epoch} is drawn from the start "
+            f"of its data again (some samples twice, some not at all); {why}"
+        )
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._resume_order(trainer)
