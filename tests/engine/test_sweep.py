@@ -376,6 +376,13 @@ def test_with_wandb_on_the_pictures_and_the_table_go_to_a_run_in_the_sweeps_grou
     assert [p.name.split("_")[0] for p in (report_run / "files" / "media" / "table" / "sweep").iterdir()] == ["trials"]
     trial_runs = list(folder.glob("trial-*/*/wandb/offline-run-*"))
     assert len(trial_runs) == 2
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}  # a fit in this process set it
+    command = [sys.executable, "-m", "kiln", "sweep", "-c", str(tmp_path / "tiny.yaml"), "--root",
+               str(tmp_path / "runs" / "sweeps"), "--report"]  # fmt: skip
+    alone = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert len(list(folder.glob("wandb/offline-run-*"))) == 2  # the report's run again
+    assert not [line for line in alone.stderr.splitlines() if line.startswith("wandb:")]  # were 7 banner lines
 
 
 @pytest.mark.slow

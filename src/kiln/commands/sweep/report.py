@@ -150,6 +150,7 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
     project = _wandb_project(config)
     if project is None:
         return
+    from kiln.console import verbose
     from kiln.wandb.mode import current, ensure_wandb_mode, finish_wandb
 
     if notice := ensure_wandb_mode():
@@ -160,7 +161,7 @@ def log_to_wandb(study: Any, config: dict[str, Any], sweep: Sweep, sweep_dir: Pa
     mode: Any = current()  # given per run: W&B reads the variable once per process
     with argv_shown():  # the command W&B records: --storage without its password
         run = wandb.init(project=project, group=sweep.name, name=f"{sweep.name}/report", job_type="sweep-report",
-                         dir=str(sweep_dir), mode=mode)  # fmt: skip
+                         dir=str(sweep_dir), mode=mode, settings=wandb.Settings(silent=not verbose()))  # fmt: skip
     columns: list[str | int] = ["trial", "state", sweep.metric, *(param.key for param in sweep.space)]
     rows = [[t.number, t.state.name, t.value, *(t.params.get(param.key) for param in sweep.space)]
             for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("surplus")]  # fmt: skip
