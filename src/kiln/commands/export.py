@@ -51,7 +51,7 @@ def preprocess(data: Any, example: Tensor, classifier: bool) -> dict[str, Any]:
     statistics where it declares them. Integer samples (token ids) go in as they are."""
     shape = list(sample_shape(data) or example.shape[1:])
     stats = statistics(data)
-    names = (list(declared(data, "class_names") or []) or None) if classifier else None
+    names = list(declared(data, "class_names") or []) or None  # a classifier's, or a segmentation's classes
     common = {"input_shape": shape, "input": "input", "output": "logits" if classifier else "output",
               "class_names": names}  # fmt: skip
     if not torch.is_floating_point(example):

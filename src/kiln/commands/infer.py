@@ -43,9 +43,10 @@ def files(given: list[str], image: bool) -> list[Path]:
     return found
 
 
-def _normalised(raw: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """Samples ``(N, *input_shape)`` scaled and normalised as the data did (statistics along axis 0 of a sample)."""
-    x = raw.astype(np.float32) * np.float32(spec["scale"])
+def _normalised(raw: np.ndarray, spec: dict[str, Any], scale: float | None = None) -> np.ndarray:
+    """Samples ``(N, *input_shape)`` scaled (by ``scale``, else the spec's) and normalised as the data did
+    (statistics along axis 0 of a sample)."""
+    x = raw.astype(np.float32) * np.float32(spec["scale"] if scale is None else scale)
     if spec.get("mean") is None:
         return x
     shape = (-1, *[1] * (raw.ndim - 2)) if spec.get("stats_axis") == 0 else (-1,)
@@ -54,15 +55,35 @@ def _normalised(raw: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     return ((x - mean) / std).astype(np.float32)
 
 
-def image_inputs(paths: list[Path], spec: dict[str, Any], sizes: list[tuple[int, int]]) -> np.ndarray:
-    """The image files as the network's input ``(N, C, H, W)``; each file's own width and height go to ``sizes``."""
+def image_inputs(
+    paths: list[Path], spec: dict[str, Any], batch_size: int, sizes: list[tuple[int, int]]
+) -> tuple[list[Any], Iterator]:
+    """An image model's input ``(N, C, H, W)`` in batches: image files decoded a batch at a time (a folder of photos
+    never sits in memory whole; each one's own size to ``sizes``), ``.npy``/``.csv`` samples read whole, uint8 as
+    pixels and floats as values in [0, 1], as kiln's datasets take them."""
     channels, height, width = spec["input_shape"]
-    arrays = []
-    for path in paths:
+    arrays = {path: array_samples(path, spec["input_shape"]) for path in paths if path.suffix in ARRAY_SUFFIXES}
+    named = [(path, i) for path in paths for i in range(len(arrays[path]) if path in arrays else 1)]
+
+    def unit(path: Path) -> list[np.ndarray]:
+        if path in arrays:
+            raw = arrays[path]
+            return list(_normalised(raw, spec, 1 / 255 if raw.dtype == np.uint8 else 1.0))
         array, size = decoded(path, channels, (height, width))
-        arrays.append(array)
         sizes.append(size)
-    return _normalised(np.stack(arrays), spec)
+        return list(_normalised(array[None], spec))
+
+    def chunks() -> Iterator[np.ndarray]:
+        pending: list[np.ndarray] = []
+        for path in paths:
+            pending += unit(path)
+            while len(pending) >= batch_size:
+                yield np.stack(pending[:batch_size])
+                pending = pending[batch_size:]
+        if pending:
+            yield np.stack(pending)
+
+    return named, chunks()
 
 
 def array_samples(path: Path, shape: list[int]) -> np.ndarray:
@@ -109,7 +130,7 @@ def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], li
     of a model of several by name (``<output>`` or ``<output>_<i>``); an output of more than ``MOST_COLUMNS`` values a
     sample (a mask, a reconstruction) is returned as an array, its row named by the CSV's ``array_row``."""
     names = spec.get("output_names") or ["output"]
-    if len(outputs) == 1 and (spec.get("class_names") is not None or spec.get("output") in ("logits", "probabilities")):
+    if len(outputs) == 1 and spec.get("output") in ("logits", "probabilities"):  # a classifier's
         probs = softmax(outputs[0]) if spec.get("output") == "logits" else outputs[0]  # probabilities: older exports
         classes = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
         best = probs.argmax(axis=1)
@@ -136,11 +157,9 @@ def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], li
 def _inputs(
     paths: list[Path], spec: dict[str, Any], image: bool, batch_size: int, sizes: list[tuple[int, int]]
 ) -> tuple[list[Any], Iterator]:
-    """``(path, sample)`` for each row, and the inputs in batches: images decoded a batch at a time (a folder of
-    photos never sits in memory whole; each one's own size to ``sizes`` as it is decoded), array files read whole."""
+    """``(path, sample)`` for each row, and the inputs in batches (array files read whole)."""
     if image:
-        chunks = (image_inputs(paths[p], spec, sizes) for p in batches(len(paths), batch_size))
-        return [(path, 0) for path in paths], chunks
+        return image_inputs(paths, spec, batch_size, sizes)
     samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
     everything = _normalised(np.concatenate([array for _, array in samples]), spec)
     named = [(path, i) for path, array in samples for i in range(len(array))]
@@ -179,12 +198,14 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
     for name, array in arrays.items():  # each whole before the CSV names its rows
         with written_whole(output.with_name(f"{output.stem}-{name}.npy")) as partial, partial.open("wb") as f:
             np.save(f, array)
+    numbered = not image or any(path.suffix in ARRAY_SUFFIXES for path in paths)  # a file of several samples
     with written_whole(output) as partial, partial.open("w", newline="") as f:  # never a half-written file
         writer = csv.writer(f)
-        writer.writerow(["path", *([] if image else ["sample"]), *header])
+        writer.writerow(["path", *(["sample"] if numbered else []), *header])
         for (path, i), row in zip(named, values, strict=True):
-            writer.writerow([str(path), *([] if image else [i]), *row])
-    if image and (line := _resized(paths, sizes, spec)):
+            writer.writerow([str(path), *([i] if numbered else []), *row])
+    pictures = [path for path in paths if path.suffix not in ARRAY_SUFFIXES]
+    if image and (line := _resized(pictures, sizes, spec)):
         print(line, file=sys.stderr)
     return output
 
