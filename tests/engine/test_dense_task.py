@@ -1,7 +1,8 @@
-"""A segmentation in plain Lightning, a task kiln ships no example of, through every command: dense class masks
+"""Two tasks kiln ships no example of, in plain Lightning, through every command. A segmentation: dense class masks
 checked against the declared classes, a mid-epoch SIGTERM resumed bitwise with no sampler code, evaluations and
 predictions from the checkpoint alone, an export of a two-output head with parity per output, inference on .npy
-and PNG inputs, and a multirun read back with kiln.results."""
+and PNG inputs, and a multirun read back with kiln.results. A denoising autoencoder: its resume, its predicted
+images and its export the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import forkserver
 import numpy as np
@@ -18,6 +20,8 @@ import pytest
 import torch
 from helpers import PROBES
 from PIL import Image
+
+from kiln import results
 
 TASK = '''
 import torch
@@ -97,6 +101,43 @@ class SegNet(LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+class Noisy(Blobs):
+    """The same images with noise added: inputs noisy, targets clean (no classes)."""
+
+    num_classes = class_names = None
+
+    def setup(self, stage):
+        g = torch.Generator().manual_seed(3)
+        clean = [blobs(64, 0).tensors[0], blobs(16, 1).tensors[0], blobs(16, 2).tensors[0]]
+        self.sets = [TensorDataset(x + 0.3 * torch.randn(x.shape, generator=g), x) for x in clean]
+
+
+class Denoiser(LightningModule):
+    def __init__(self, lr: float = 0.05):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                       torch.nn.Conv2d(8, 1, 3, padding=1))
+
+    def forward(self, x):
+        return x + self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        return F.mse_loss(self(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", F.mse_loss(self(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", F.mse_loss(self(batch[0]), batch[1]))
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
 '''
 
 EXPERIMENT = """
@@ -105,6 +146,8 @@ trainer: {max_epochs: 2, logger: false, enable_progress_bar: false}
 model: {class_path: task.SegNet}
 data: {class_path: task.Blobs, init_args: {batch_size: 8}}
 """
+DENOISE = ["--model", "task.Denoiser", "--data", "task.Noisy", "--data.init_args.batch_size", "8", "--run.name",
+           "denoise"]  # fmt: skip
 
 
 def kiln(folder: Path, *args: str | Path) -> subprocess.CompletedProcess:
@@ -119,37 +162,55 @@ def weights(run: Path) -> dict:
     return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")["state_dict"]
 
 
-@pytest.mark.slow
-def test_a_segmentation_in_plain_lightning_goes_through_every_command(tmp_path: Path) -> None:
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
     (tmp_path / "task.py").write_text(TASK)
     (tmp_path / "experiment.yaml").write_text(EXPERIMENT)
-    fit = ["fit", "-c", "experiment.yaml"]
-    assert (whole := kiln(tmp_path, *fit, "--run.root", "whole")).returncode == 0, whole.stderr[-3000:]
-    stop = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=11",  # 3 batches into epoch 1
-            "--trainer.callbacks.name=SIGTERM", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
-    assert kiln(tmp_path, *fit, *stop, "--run.root", "runs").returncode == 143
-    resumed = kiln(tmp_path, *fit, *stop, "--run.root", "runs", "--ckpt_path", "last")
+    return tmp_path
+
+
+def fit_stopped_and_resumed(project: Path, fit: list[str], name: str) -> Path:
+    """The run stopped by SIGTERM 3 batches into its second epoch and resumed, checked bitwise against one never
+    stopped; its folder."""
+    assert (whole := kiln(project, *fit, "--run.root", "whole")).returncode == 0, whole.stderr[-3000:]
+    stop = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=11",
+            "--trainer.callbacks.name=SIGTERM", f"--trainer.callbacks.marker={project / 'sent'}"]  # fmt: skip
+    assert kiln(project, *fit, *stop, "--run.root", "runs").returncode == 143
+    resumed = kiln(project, *fit, *stop, "--run.root", "runs", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    (run,), (ran,) = (tmp_path / "runs" / "blobs").iterdir(), (tmp_path / "whole" / "blobs").iterdir()
+    (run,), (ran,) = (project / "runs" / name).iterdir(), (project / "whole" / name).iterdir()
     expected = weights(ran)
     assert all(torch.equal(weights(run)[k], expected[k]) for k in expected)  # no sampler code in the task
     assert "cannot resume" not in resumed.stderr and "labels" not in resumed.stderr  # dense labels pass the checks
+    return run
 
-    for command in ("validate", "test", "predict"):  # the checkpoint alone: its config and run folder
-        done = kiln(tmp_path, command, "--ckpt_path", run / "checkpoints" / "last.ckpt")
-        assert done.returncode == 0, done.stderr[-3000:]
-    (predicted,) = run.parent.glob("predict-*")  # beside the run it read
-    sys.path.insert(0, str(tmp_path))
+
+def rebuilt_outputs(project: Path, run: Path) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """The test split's inputs and targets, and the module's output on them, from the run's last checkpoint."""
+    sys.path.insert(0, str(project))
     try:
         from kiln.cli.from_checkpoint import rebuild
 
         model, data = rebuild(run / "checkpoints" / "last.ckpt")
     finally:
-        sys.path.remove(str(tmp_path))
+        sys.path.remove(str(project))
     data.setup("predict")
-    x, masks = data.sets[2].tensors
+    x, targets = data.sets[2].tensors
     with torch.inference_mode():
-        eager = model.eval()(x)
+        return x, targets, model.eval()(x)
+
+
+@pytest.mark.slow
+def test_a_segmentation_in_plain_lightning_goes_through_every_command(project: Path) -> None:
+    tmp_path = project
+    fit = ["fit", "-c", "experiment.yaml"]
+    run = fit_stopped_and_resumed(tmp_path, fit, "blobs")
+
+    for command in ("validate", "test", "predict"):  # the checkpoint alone: its config and run folder
+        done = kiln(tmp_path, command, "--ckpt_path", run / "checkpoints" / "last.ckpt")
+        assert done.returncode == 0, done.stderr[-3000:]
+    (predicted,) = run.parent.glob("predict-*")  # beside the run it read
+    x, masks, eager = rebuilt_outputs(tmp_path, run)
     assert np.allclose(np.load(predicted / "predictions-prediction.npy"), eager["mask"].numpy(), atol=1e-6)
     assert np.array_equal(np.load(predicted / "predictions-target.npy"), masks.numpy())
 
@@ -176,7 +237,25 @@ def test_a_segmentation_in_plain_lightning_goes_through_every_command(tmp_path: 
 
     multirun = kiln(tmp_path, "multirun", "--seeds", "0-1", "--", *fit[1:], "--trainer.max_epochs", "1")
     assert multirun.returncode == 0, multirun.stderr[-3000:]
-    from kiln import results
-
     table = results.multirun("multirun", root=tmp_path / "runs" / "multirun")
     assert "val/pixel_acc" in " ".join(map(str, table.columns)) + " ".join(map(str, table.index))
+
+
+@pytest.mark.slow
+def test_a_denoising_autoencoder_in_plain_lightning_resumes_predicts_exports_and_infers(project: Path) -> None:
+    run = fit_stopped_and_resumed(project, ["fit", "-c", "experiment.yaml", *DENOISE], "denoise")
+    done = kiln(project, "predict", "--ckpt_path", run / "checkpoints" / "last.ckpt")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (predicted,) = run.parent.glob("predict-*")
+    x, clean, eager = rebuilt_outputs(project, run)
+    assert np.allclose(np.load(predicted / "predictions-prediction.npy"), eager.numpy(), atol=1e-6)
+    assert np.array_equal(np.load(predicted / "predictions-target.npy"), clean.numpy())
+    served = project / "served"
+    exported = kiln(project, "export", "--ckpt_path", run / "checkpoints" / "last.ckpt", "--output", served)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads((served / "parity.json").read_text())["output_names"] == ["output"]
+    np.save(project / "noisy.npy", x[:3].numpy())
+    inferred = kiln(project, "infer", "--model", served / "model.onnx", "--output", project / "p.csv",
+                    project / "noisy.npy")  # fmt: skip
+    assert inferred.returncode == 0, inferred.stderr[-3000:]
+    assert np.allclose(np.load(project / "p-output.npy"), eager[:3].numpy(), atol=1e-4)
