@@ -150,9 +150,9 @@ DENOISE = ["--model", "task.Denoiser", "--data", "task.Noisy", "--data.init_args
            "denoise"]  # fmt: skip
 
 
-def kiln(folder: Path, *args: str | Path) -> subprocess.CompletedProcess:
+def kiln(folder: Path, *args: str | Path, wandb: str = "disabled") -> subprocess.CompletedProcess:
     """``kiln`` in a process of its own in ``folder``, the task importable as a project's code is."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": os.pathsep.join([str(folder), PROBES])}
+    env = {**os.environ, "WANDB_MODE": wandb, "PYTHONPATH": os.pathsep.join([str(folder), PROBES])}
     done = forkserver.run([sys.executable, "-m", "kiln", *map(str, args)], cwd=folder, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     return done
@@ -211,6 +211,10 @@ def test_a_segmentation_in_plain_lightning_goes_through_every_command(project: P
         assert done.returncode == 0, done.stderr[-3000:]
     (predicted,) = run.parent.glob("predict-*")  # beside the run it read
     x, masks, eager = rebuilt_outputs(tmp_path, run)
+    logged = kiln(tmp_path, "test", "--ckpt_path", run / "checkpoints" / "last.ckpt", "--trainer.logger",
+                  "kiln.training.loggers.Wandb", wandb="offline")  # fmt: skip
+    assert "ConfidentMistakes: no table of mistakes" in logged.stderr
+    assert not list(run.parent.glob("test-*/wandb/offline-run-*/files/media/table/**/*.json"))  # was: an empty one
     assert np.allclose(np.load(predicted / "predictions-prediction.npy"), eager["mask"].numpy(), atol=1e-6)
     assert np.array_equal(np.load(predicted / "predictions-target.npy"), masks.numpy())
 

@@ -61,8 +61,9 @@ class ConfidentMistakes(Callback):
         self.rows = sorted([*self.rows, *candidates], key=lambda row: -row[0])[: self.count]
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._unusable:
+        if self._unusable:  # the same on every rank: no rank gathers
             say(f"ConfidentMistakes: no table of mistakes, as {self._unusable}")
+            return
         if self._logger is None:
             return
         if trainer.world_size > 1 and torch.distributed.is_initialized():  # every rank's candidates, on every rank
