@@ -12,6 +12,7 @@ the API behind ``notebooks/results.ipynb``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -183,16 +184,21 @@ def curve(run_dir: str | Path, metric: str, x: str = STEP) -> pd.DataFrame:
     return table[[x, metric]].dropna().drop_duplicates(subset=[x], keep="last")
 
 
-def plot_curves(run_dirs: Iterable[str | Path], metric: str, x: str = STEP, ax: Axes | None = None) -> Axes:
-    """``metric`` of each run against ``x``, overlaid, each line labelled with its run."""
+def plot_curves(
+    run_dirs: Iterable[str | Path], metric: str, x: str = STEP, ax: Axes | None = None, labels: Iterable[str] = ()
+) -> Axes:
+    """``metric`` of each run against ``x``, overlaid; each line labelled by ``labels``, else by its run's path below
+    the folder the runs share (``cnn/base/seed42/<run>`` and ``gru/base/seed42/<run>`` for two multiruns)."""
     if ax is None:
         from matplotlib.figure import Figure
 
         ax = Figure(figsize=(7, 4), layout="constrained").subplots()
-    for run_dir in run_dirs:
+    runs = [Path(run_dir).resolve() for run_dir in run_dirs]
+    shared = os.path.commonpath([run.parent.parent for run in runs]) if runs else "/"  # at least <name>/<run>
+    named = list(labels) or [str(run.relative_to(shared)) for run in runs]
+    for run_dir, label in zip(runs, named, strict=True):
         points = curve(run_dir, metric, x)
-        ax.plot(points[x], points[metric], marker="." if len(points) < 30 else None,
-                label=f"{Path(run_dir).parent.name}/{Path(run_dir).name}")  # fmt: skip
+        ax.plot(points[x], points[metric], marker="." if len(points) < 30 else None, label=label)
     ax.set_xlabel(x)
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} by {x}")

@@ -67,6 +67,11 @@ def test_curves_come_from_the_logged_points_and_a_metric_never_logged_is_named(t
     ax = results.plot_curves([run_dir, other], "val/loss")
     assert [line.get_label() for line in ax.get_lines()] == ["digits/a", "digits/b"]
     assert ax.get_ylabel() == "val/loss"
+    cnn, gru = (make_run(tmp_path / "multirun" / name / "base" / "seed42", "r", "finished", 0.1) for name in "cg")
+    ax = results.plot_curves([cnn, gru], "val/loss")  # was: seed42/r and seed42/r, alike
+    assert [line.get_label() for line in ax.get_lines()] == ["c/base/seed42/digits/r", "g/base/seed42/digits/r"]
+    ax = results.plot_curves([cnn, gru], "val/loss", labels=["CNN", "GRU"])
+    assert [line.get_label() for line in ax.get_lines()] == ["CNN", "GRU"]
 
 
 def test_a_sweep_and_a_multirun_read_back(tmp_path: Path) -> None:
