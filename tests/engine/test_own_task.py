@@ -284,3 +284,25 @@ def test_lightnings_refusals_of_the_users_code_are_one_line_naming_theirs_not_an
     (line,) = [x for x in positional.stderr.splitlines() if x.startswith("error:")]
     assert "internal error" not in line and "please report it" not in line
     assert line.startswith("error: Lightning refused your module, data or config: The DataLoader implementation has")
+
+
+def test_the_readmes_resume_at_example_starts_its_order_where_the_run_stopped() -> None:
+    """README: a sampler of your own resumes exactly through resume_at and ResumableSampler (pairs=False)."""
+    import re
+    from types import SimpleNamespace
+
+    from lightning.pytorch import LightningDataModule
+    from torch.utils.data import DataLoader, TensorDataset
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "def resume_at" in block]
+    scope = {"LightningDataModule": LightningDataModule, "DataLoader": DataLoader}
+    exec(code, scope)  # the README's own text
+    data = scope["MyData"]()
+    data.train_set = TensorDataset(torch.arange(100))
+    data.trainer = SimpleNamespace(world_size=1, global_rank=0)
+    data.resume_at(1, 64)  # stopped two batches into epoch 1
+    resumed = [batch[0] for batch in data.train_dataloader()]
+    data.resume_at(1, 0)
+    whole = [batch[0] for batch in data.train_dataloader()]
+    assert torch.equal(torch.cat(resumed), torch.cat(whole)[64:]) and len(resumed) == 2
