@@ -40,8 +40,8 @@ OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neithe
 # what the template folder links to (see its symlinks), and what only the template needs
 # (.gitignore travels as `gitignore`: git refuses a symlinked .gitignore)
 LINKED = [".ci", ".devcontainer", ".dockerignore", ".env.example", ".github", "gitignore", ".pre-commit-config.yaml",
-          "Dockerfile", "Makefile", "README.md", "benchmarks", "configs", "notebooks", "pyproject.toml", "scripts",
-          "src", "tests", "uv.lock"]  # fmt: skip
+          "Dockerfile", "Makefile", "README.md", "benchmarks", "configs", "docs", "notebooks", "pyproject.toml",
+          "scripts", "src", "tests", "uv.lock"]  # fmt: skip
 TEMPLATE_ONLY = ["tests/engine"]  # the engine's own suite: it runs in the template's CI
 TEXT_SUFFIXES = {
     ".py",
@@ -103,6 +103,8 @@ def rewrite(path: Path) -> None:
         text = re.sub(r"^description = .*$", lambda _: described, text, flags=re.MULTILINE)  # taken as it is
         author = "authors = [" + "{" + " name = " + json.dumps(AUTHOR) + " " + "}]"  # no double braces: Jinja
         text = text.replace('readme = "README.md"', 'readme = "README.md"\n' + author, 1)
+    if path.suffix == ".md" and path.parent == Path("docs"):  # the README's pages: the template's lines go too
+        text = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->", "", text, flags=re.DOTALL)
     if path.name == "README.md" and path.parent == Path("."):
         body = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.DOTALL)
         body = re.sub(r"<!-- project-only\n(.*?)-->\n", r"\1", body, flags=re.DOTALL)  # shown in the project only

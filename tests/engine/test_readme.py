@@ -27,15 +27,22 @@ TINY = "-c configs/debug/fast_dev_run.yaml"  # one batch a stage: for commands t
 LANES = {"mnist": "mnist", "sweep": "sweep", "multirun": "multirun", "convert|streaming": "streaming",
          "cookiecutter|cruft": "template", "digits|^make train|<file>": "digits"}  # fmt: skip
 LINKED = ["Makefile", "configs", "src", ".venv", "pyproject.toml", "uv.lock", "scripts", "benchmarks", "notebooks",
-          "README.md"]  # fmt: skip
+          "README.md", "docs"]  # fmt: skip
+PAGES = ["README.md", "docs/serving.md", "docs/many-runs.md", "docs/scaling.md", "docs/faults.md"]  # in reading order
 
 Rule = Callable[[str, Path], "str | None"]  # the command to run for a README line (None: not run, see SKIPPED)
 
 
+def pages_text() -> str:
+    """README.md and the docs pages it links, one after the other."""
+    return "\n".join((ROOT / page).read_text() for page in PAGES)
+
+
 def readme_commands() -> list[str]:
-    """The commands of README.md's bash blocks, continuation lines joined, comments dropped."""
+    """The commands of the bash blocks of README.md and its docs pages, continuation lines joined, comments
+    dropped."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL):
+    for block in re.findall(r"```bash\n(.*?)```", pages_text(), re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             command = re.split(r"(?:^|\s)#", line)[0].strip()  # a shell comment starts at " #"
             if command:
@@ -145,7 +152,7 @@ def plan(command: str) -> Rule | str:
 
 def test_the_sweep_file_the_readme_shows_is_the_shipped_one() -> None:
     """The README's copy had lost the shipped file's weight_decay range."""
-    shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)]
+    shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", pages_text(), re.DOTALL)]
     (readme,) = [b for b in shown if isinstance(b, dict) and b.get("name") == "digits" and "space" in b]
     shipped = yaml.safe_load((ROOT / "configs" / "sweep" / "digits.yaml").read_text())
     assert {key: readme.get(key) for key in shipped} == shipped  # every key the file has, as the file has it
@@ -193,3 +200,30 @@ def test_every_readme_command_runs_as_written_or_shortened_and_each_make_target_
     with ThreadPoolExecutor(max_workers=3) as pool:
         failures = [f for found in pool.map(run_lane, lanes.values()) for f in found]
     assert not failures, "\n\n".join(failures)
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as the forge makes it: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)  # a `# comment` in a code block is no heading
+    return {_slug(heading) for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
+
+
+def test_every_link_of_the_readme_and_its_pages_reaches_its_file_and_heading() -> None:
+    """The README's sections moved to docs/ pages: a link to a file or an anchor that is not there fails here."""
+    pages = [ROOT / page for page in PAGES] + [ROOT / "benchmarks" / "README.md"]
+    assert sorted(ROOT.glob("docs/*.md")) == sorted(p for p in pages if p.parent.name == "docs")  # each page read
+    broken = []
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:: not this test's to reach
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
