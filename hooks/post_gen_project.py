@@ -105,6 +105,7 @@ def rewrite(path: Path) -> None:
         text = text.replace('readme = "README.md"', 'readme = "README.md"\n' + author, 1)
     if path.suffix == ".md" and path.parent == Path("docs"):  # the README's pages: the template's lines go too
         text = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->", "", text, flags=re.DOTALL)
+        text = re.sub(r"^tests/engine/ .*\n", "", text, flags=re.MULTILINE)  # the layout's line for the engine's suite
     if path.name == "README.md" and path.parent == Path("."):
         body = re.sub(r"<!-- template-only -->.*?<!-- /template-only -->\n*", "", text, flags=re.DOTALL)
         body = re.sub(r"<!-- project-only\n(.*?)-->\n", r"\1", body, flags=re.DOTALL)  # shown in the project only

@@ -28,7 +28,16 @@ LANES = {"mnist": "mnist", "sweep": "sweep", "multirun": "multirun", "convert|st
          "cookiecutter|cruft": "template", "digits|^make train|<file>": "digits"}  # fmt: skip
 LINKED = ["Makefile", "configs", "src", ".venv", "pyproject.toml", "uv.lock", "scripts", "benchmarks", "notebooks",
           "README.md", "docs"]  # fmt: skip
-PAGES = ["README.md", "docs/serving.md", "docs/many-runs.md", "docs/scaling.md", "docs/faults.md"]  # in reading order
+PAGES = [
+    "README.md",
+    "docs/running.md",
+    "docs/wandb.md",
+    "docs/serving.md",
+    "docs/many-runs.md",
+    "docs/scaling.md",
+    "docs/faults.md",
+    "docs/layout.md",
+]  # in reading order
 
 Rule = Callable[[str, Path], "str | None"]  # the command to run for a README line (None: not run, see SKIPPED)
 

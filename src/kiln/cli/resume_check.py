@@ -85,7 +85,7 @@ def refuse_fewer_epochs(checkpoint: dict[str, Any], max_epochs: int | None, ckpt
     )
 
 
-# data settings that change how batches are made, not which samples: a resume may change them (README:
+# data settings that change how batches are made, not which samples: a resume may change them (docs/faults.md:
 # another batch size neither replays nor skips data)
 DATA_RUNTIME = {"batch_size", "eval_batch_size", "num_workers", "on_device", "cache", "scan", "download",
                 "predict_dir", "imbalance"}  # fmt: skip
