@@ -42,7 +42,8 @@ OUTPUT_DIR = "{{ cookiecutter._output_dir | default('') }}"  # cruft sets neithe
 LINKED = [".ci", ".devcontainer", ".dockerignore", ".env.example", ".github", "gitignore", ".pre-commit-config.yaml",
           "Dockerfile", "Makefile", "README.md", "benchmarks", "configs", "docs", "notebooks", "pyproject.toml",
           "scripts", "src", "tests", "uv.lock"]  # fmt: skip
-TEMPLATE_ONLY = ["tests/engine"]  # the engine's own suite: it runs in the template's CI
+# the engine's own suite, run in the template's CI, and the page on it
+TEMPLATE_ONLY = ["tests/engine", "docs/development.md"]
 TEXT_SUFFIXES = {
     ".py",
     ".toml",

@@ -31,12 +31,14 @@ LINKED = ["Makefile", "configs", "src", ".venv", "pyproject.toml", "uv.lock", "s
 PAGES = [
     "README.md",
     "docs/running.md",
+    "docs/contracts.md",
     "docs/wandb.md",
     "docs/serving.md",
     "docs/many-runs.md",
     "docs/scaling.md",
     "docs/faults.md",
     "docs/layout.md",
+    "docs/development.md",
 ]  # in reading order
 
 Rule = Callable[[str, Path], "str | None"]  # the command to run for a README line (None: not run, see SKIPPED)

@@ -26,7 +26,7 @@ from kiln.console import say
 from kiln.errors import Preempted
 from kiln.process import stop_signals
 
-VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (README: private APIs)
+VALIDATION_PROGRESS = "epoch_loop.val_loop.batch_progress"  # Lightning's loop state (docs/development.md: private APIs)
 TRAINING_PROGRESS = "epoch_loop.batch_progress"
 SIGNALS = (None, "SIGUSR1", "SIGTERM")  # by precedence: when both came, the stop that does not requeue
 
@@ -73,7 +73,8 @@ def _undo_validation_restart(trainer: Trainer) -> None:
     first batch, with every count 0, or a batch after a mid-epoch validation): it then runs an empty iteration that
     counts one logging step more, and every later row of the loggers lands one step off. One step less here evens it.
     """
-    loop, fetcher = trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher  # private (README: private APIs)
+    # private: docs/development.md, private APIs
+    loop, fetcher = trainer.fit_loop.epoch_loop, trainer.fit_loop._data_fetcher
     if fetcher is not None and loop.restarting and loop._should_check_val_fx(fetcher):
         loop._batches_that_stepped -= 1
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jsonargparse import ArgumentError, Namespace
-from jsonargparse._actions import _ActionPrintConfig  # README: private APIs
+from jsonargparse._actions import _ActionPrintConfig  # docs/development.md: private APIs
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
@@ -128,7 +128,7 @@ class KilnCLI(LightningCLI):
     def _dump_config(self) -> None:
         """LightningCLI's dump of the parsed config (the hyper-parameters checkpoints hold), without checking the
         config once more: parsing checked it, and the check took most of the dump's time. Overrides a private
-        LightningCLI method (README: private APIs relied on)."""
+        LightningCLI method (docs/development.md: private APIs relied on)."""
         if hasattr(self, "config_dump"):
             return
         self.config_dump = plain_config(self.parser, self.config, skip_link_targets=False, skip_unset=False)
@@ -138,7 +138,7 @@ class KilnCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Lightning applies the checkpoint's model settings over the command line; kiln refuses a
         resume that changes them instead (they would be ignored) and never lets a redacted secret
-        replace the real one. Overrides a private LightningCLI method (README: private APIs relied on)."""
+        replace the real one. Overrides a private LightningCLI method (docs/development.md: private APIs relied on)."""
         checkpoint, self.plan.checkpoint = self.plan.checkpoint, None  # not held (nor its file mapped) for the run
         if checkpoint is None:  # no checkpoint file named (or `last` found none)
             return
@@ -153,7 +153,7 @@ class KilnCLI(LightningCLI):
         keep_given_secrets(checkpoint.get("hyper_parameters", {}), given.model, self.config[subcommand].model)
 
     def _add_instantiators(self) -> None:
-        """Lightning's two instantiators, as :class:`Instantiator` (overrides a private method: README)."""
+        """Lightning's two instantiators, as :class:`Instantiator` (overrides a private method: docs/development.md)."""
         for key in ("model", "data"):
             self.parser.add_instantiator(Instantiator(cli=self, key=key), LightningModule if key == "model" else
                                          LightningDataModule, subclasses=True)  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch.cli import _InstantiatorFn as _InstantiatorFn  # README: private APIs
+from lightning.pytorch.cli import _InstantiatorFn as _InstantiatorFn  # docs/development.md: private APIs
 
 
 class Instantiator(_InstantiatorFn):

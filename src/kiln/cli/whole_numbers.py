@@ -32,7 +32,7 @@ def int_before_float(hint: Any) -> Any:
 
 
 def keep_whole_numbers(parser: Any) -> None:
-    """Every int-or-float argument of the parser tries ``int`` first (README: private APIs)."""
+    """Every int-or-float argument of the parser tries ``int`` first (docs/development.md: private APIs)."""
     for action in parser._actions:  # argparse's list of the parser's arguments
         hint = getattr(action, "_typehint", None)  # jsonargparse's ActionTypeHint keeps its type here
         if hint is not None and (fixed := int_before_float(hint)) is not hint:

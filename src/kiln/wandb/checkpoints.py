@@ -127,7 +127,7 @@ def _logged_offline(reference: Reference, root: Path, why: str) -> tuple[Path, s
 
 
 def _cache_path(digest: str) -> Path:
-    """Where W&B's artifact cache keeps a file of this MD5 (its layout: README, private APIs)."""
+    """Where W&B's artifact cache keeps a file of this MD5 (its layout: docs/development.md, private APIs)."""
     from wandb import env
 
     hex_digest = _hex(digest)

@@ -116,7 +116,8 @@ INIT_TIMEOUT = "30"  # seconds W&B waits for its run to start (its own default, 
 def start_or_fall_back(logger: Any) -> str | None:
     """Start a ``WandbLogger``'s run now, before training; if W&B cannot start it (an HTTP 500 to run creation,
     a full disk), log offline instead, or with that failing too, not at all: one line says which, and
-    training goes on either way. Uses Lightning's ``_wandb_init`` and ``_experiment`` (README: private APIs)."""
+    training goes on either way. Uses Lightning's ``_wandb_init`` and ``_experiment`` (docs/development.md:
+    private APIs)."""
     os.environ.setdefault("WANDB_INIT_TIMEOUT", INIT_TIMEOUT)
     try:
         logger.experiment  # noqa: B018  # Lightning's lazy start: wandb.init

@@ -1,9 +1,9 @@
 """The metric history of an offline W&B run, read from its ``run-<id>.wandb`` file without a server.
 
-That file is W&B's private format (README, private APIs; tests/engine/test_results.py reads a real one): a 7-byte
-header (``:W&B``, magic, version), then LevelDB-log records (32 KiB blocks; each chunk has a CRC, a length and
-a type: full, first, middle, last) holding ``wandb_internal_pb2.Record`` protobufs; ``history`` records carry one
-logged step each as ``key -> JSON value``.
+That file is W&B's private format (docs/development.md, private APIs; tests/engine/test_results.py reads a real
+one): a 7-byte header (``:W&B``, magic, version), then LevelDB-log records (32 KiB blocks; each chunk has a CRC, a
+length and a type: full, first, middle, last) holding ``wandb_internal_pb2.Record`` protobufs; ``history`` records
+carry one logged step each as ``key -> JSON value``.
 """
 
 from __future__ import annotations
