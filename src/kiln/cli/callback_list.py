@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
@@ -89,3 +90,20 @@ def _later_replaces(callbacks: list[Any]) -> list[Any]:
             console.LOG.info(f"{_name(replaced)}: left out, as {_name(same[-1])} comes after it (Lightning takes one "
                              f"{base.__name__})")  # fmt: skip
     return kept
+
+
+def add_kiln_callbacks(callbacks: list[Any], extra: Sequence[Any], inside: str | None, run_dir: Path | None) -> None:
+    """What kiln adds to the Trainer's callbacks: the caller's own (a sweep's reporter), the check of monitored
+    keys before anything saves or stops, and the ranks ``ddp_spawn`` starts writing to ``console.log``; inside a
+    sweep or multirun, the preemption checkpoint leaves the how-to-go-on line to it."""
+    from kiln.callbacks.monitored import MonitoredKeys
+    from kiln.callbacks.preemption import PreemptionCheckpoint
+    from kiln.callbacks.spawned_ranks import SpawnedRanks
+
+    callbacks.extend(extra)
+    callbacks.insert(0, MonitoredKeys())
+    for callback in callbacks if inside else ():
+        if isinstance(callback, PreemptionCheckpoint):
+            callback.hint = ""
+    if run_dir is not None:
+        callbacks.append(SpawnedRanks(run_dir))

@@ -14,9 +14,7 @@ from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
 from kiln import console
-from kiln.callbacks.monitored import MonitoredKeys
-from kiln.callbacks.preemption import PreemptionCheckpoint
-from kiln.callbacks.spawned_ranks import SpawnedRanks
+from kiln.cli.callback_list import add_kiln_callbacks
 from kiln.cli.class_switch import own_defaults
 from kiln.cli.config_errors import describe, sources
 from kiln.cli.config_saver import WandbConfigSaver
@@ -112,13 +110,8 @@ class KilnCLI(LightningCLI):
                 super().parse_arguments(parser, args)
         except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
             known = getattr(self, "_subcommand_parsers", {}).get(self._named, parser)  # a LightningCLI attribute
-
-            def known_keys() -> list[str]:
-                return list(known.get_defaults().keys())
-
-            raise UsageError(
-                f"{describe(str(err), self.plan.given, parser.default_config_files, known_keys)}"
-            ) from None
+            raise UsageError(describe(str(err), self.plan.given, parser.default_config_files,
+                                      lambda: list(known.get_defaults().keys()))) from None  # fmt: skip
         subcommand = self.config.get("subcommand")
         own_defaults(self.config[subcommand] if subcommand else self.config, config_dir() / "train.yaml",
                      sources(self.plan.parsed, []))  # fmt: skip
@@ -185,15 +178,8 @@ class KilnCLI(LightningCLI):
                 raise kiln_error from None
             raise
         stop_signals.reclaim()  # the Trainer's MPI detection may have taken SIGUSR1 over
-        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]
-        callbacks.extend(self.extra_callbacks)
-        callbacks.insert(0, MonitoredKeys())  # before what saves or stops
-        for callback in callbacks if self.inside else ():
-            if isinstance(callback, PreemptionCheckpoint):  # the sweep or multirun says how it goes on
-                callback.hint = ""
+        add_kiln_callbacks(self.trainer.callbacks, self.extra_callbacks, self.inside, self.run_dir)  # type: ignore[attr-defined]
         self.links.prune(self.model.hparams)
-        if self.run_dir is not None:  # the ranks ddp_spawn starts: their lines in console.log too
-            callbacks.append(SpawnedRanks(self.run_dir))
         apply_init_from(self.model, self.config[self.subcommand] if self.subcommand else self.config, self.subcommand)
         if self.plan.trained is not None:
             refuse_unloadable(*self.plan.trained[:2], self.model, self.plan.trained.path)
