@@ -38,13 +38,9 @@ def pixel_array(image: Image.Image, channels: int, size: tuple[int, int]) -> np.
     return (array[None] if array.ndim == 2 else array.transpose(2, 0, 1)).copy()  # contiguous, writable
 
 
-def decode_array(path: Path, channels: int, size: tuple[int, int]) -> np.ndarray:
-    """One image file as uint8 ``(channels, *size)``; one that does not decode raises ``DataError`` naming it."""
-    return decoded(path, channels, size)[0]
-
-
 def decoded(path: Path, channels: int, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
-    """``decode_array``'s array and the file's own width and height, before any resize.
+    """One image file as uint8 ``(channels, *size)``, and its own width and height before any resize; one that
+    does not decode raises ``DataError`` naming it.
 
     Pillow decodes (torchvision's own image decoding is deprecated since 0.29).
     """

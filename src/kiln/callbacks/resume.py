@@ -72,17 +72,18 @@ def resumable_order(loader: Any, seed: int) -> ResumableSampler | None:
     batches of no one size, an iterable dataset), which is left as it is."""
     batches = getattr(loader, "batch_sampler", None)
     order = getattr(batches, "sampler", None)
-    if type(batches) is not BatchSampler or isinstance(order, ResumableSampler):
-        return order if isinstance(order, ResumableSampler) else None
+    if isinstance(order, ResumableSampler):  # made so before (or by the user)
+        return order
+    if type(batches) is not BatchSampler:
+        return None
     if type(order) is RandomSampler and not order.replacement and order.num_samples == len(order.data_source):
-        kind = (True, 1, 0, seed)  # (shuffle, ranks, rank, seed)
+        shuffle, ranks, rank = True, 1, 0
     elif type(order) is SequentialSampler:
-        kind = (False, 1, 0, seed)
+        shuffle, ranks, rank = False, 1, 0
     elif type(order) is DistributedSampler and not order.drop_last:
-        kind = (order.shuffle, order.num_replicas, order.rank, order.seed)
+        shuffle, ranks, rank, seed = order.shuffle, order.num_replicas, order.rank, order.seed
     else:
         return None
-    shuffle, ranks, rank, seed = kind
     batches.sampler = ResumableSampler(loader.dataset, seed, ranks, rank, shuffle, pairs=False)
     return batches.sampler
 
@@ -107,7 +108,6 @@ class ExactResume(Callback):
         self._metrics_epoch: int | None = None  # the epoch of the metric states a resume put back
         self._batch_size: int | None = None  # the training loader's, read at each epoch's start
         self._order_seed = 0  # the seed of a plain loader's order made resumable (resumable_order), kept by a resume
-        self._resume_into: tuple[int, int] | None = None  # (epoch, samples) for a loader made resumable
 
     def state_dict(self) -> dict[str, Any]:
         # samples, not batches: a resume with another batch size neither replays nor skips data
@@ -128,8 +128,7 @@ class ExactResume(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = trainer  # load_state_dict gets no trainer, and must reach the datamodule
-        if self._resume_into is None:
-            self._order_seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set
+        self._order_seed = torch.initial_seed() & 0xFFFF_FFFF  # what seed_everything set; a resume's comes after
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
@@ -140,10 +139,8 @@ class ExactResume(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batch_size = samples_per_batch(trainer.train_dataloader)  # the epoch's loader (it may be reloaded)
-        if not isinstance(datamodule(trainer), ResumesMidEpoch) and (
-            order := resumable_order(trainer.train_dataloader, self._order_seed)
-        ):
-            order.set_epoch(trainer.current_epoch)  # a reloaded loader: Lightning set the epoch of the order it had
+        if order := self._plain_order(trainer):  # a reloaded loader: Lightning set the epoch of the order it had
+            order.set_epoch(trainer.current_epoch)
         if self._metrics_epoch is not None and self._metrics_epoch != trainer.current_epoch:
             metric_states.reset(pl_module, list(metric_states.metrics_of(pl_module)))  # saved once the epoch ended
         self._metrics_epoch = None
@@ -167,7 +164,8 @@ class ExactResume(Callback):
         # Lightning loads callback states before it builds (and, with workers, starts) the training
         # loader, so the data position goes to the datamodule now; the RNG waits for the first batch.
         self._pending = state_dict["rng"]
-        self._position = (state_dict["epoch"], state_dict["samples"])
+        self._position = (state_dict["epoch"], state_dict["samples"])  # _resume_order reads it too
+        self._order_seed = state_dict.get("order_seed", self._order_seed)
         data, (epoch, samples) = datamodule(self._trainer), (state_dict["epoch"], state_dict["samples"])
         if samples is None:
             say(f"the training loader has no batch_size (a batch_sampler of its own), so where in epoch {epoch} the "
@@ -175,8 +173,12 @@ class ExactResume(Callback):
             samples = 0
         if isinstance(data, ResumesMidEpoch):
             data.resume_at(epoch, samples)
-        else:  # the loader is built after this: its order is made resumable, or refused, as training starts
-            self._resume_into, self._order_seed = (epoch, samples), state_dict.get("order_seed", self._order_seed)
+
+    def _plain_order(self, trainer: Trainer) -> ResumableSampler | None:
+        """The training loader's order made resumable, unless the data resumes it itself (``resume_at``)."""
+        if isinstance(datamodule(trainer), ResumesMidEpoch):
+            return None
+        return resumable_order(trainer.train_dataloader, self._order_seed)
 
     def _resume_order(self, trainer: Trainer) -> None:
         """A loader of the user's own: its plain order made resumable (resumable_order), and a resume skips into it.
@@ -185,8 +187,9 @@ class ExactResume(Callback):
         if isinstance(datamodule(trainer), ResumesMidEpoch):
             return
         loader: Any = trainer.train_dataloader
-        order = resumable_order(loader, self._order_seed)
-        (epoch, samples), self._resume_into = self._resume_into or (0, 0), None
+        order = self._plain_order(trainer)
+        # no batch has run yet: (0, 0) on a fresh run, what load_state_dict read on a resume
+        epoch, samples = self._position[0], self._position[1] or 0
         started = getattr(loader, "num_workers", 0) > 0
         if order is not None and (not started or loader.persistent_workers):
             order.set_epoch(epoch)

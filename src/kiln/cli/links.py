@@ -30,7 +30,7 @@ DECLARED = ("num_classes", "num_outputs", "in_channels", "input_shape", "vocab_s
 
 def declarations() -> tuple[str, ...]:
     """Everything the data may declare: kiln's names, then the project's."""
-    return DECLARED + tuple(name for name in contracts.project_declarations() if name not in DECLARED)
+    return contracts.project_declarations(DECLARED)
 
 
 def links(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -165,7 +165,7 @@ def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[i
     return report
 
 
-def _check_disk(served: torch.nn.Module, formats: list[str], output: Path) -> None:
+def _check_disk(served: nn.Module, formats: list[str], output: Path) -> None:
     """Room for every format's weights, before writing: the ONNX writer aborts the process on a full disk (C++),
     past any except."""
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from kiln.data.base import TensorDataModule
 from kiln.data.datasets import SampleDataset
 from kiln.data.splits import stratified_split
 from kiln.errors import ConfigError, DataError
-from kiln.images import IMAGE_SUFFIXES, decode_array, image_files, pixel_array
+from kiln.images import IMAGE_SUFFIXES, decoded, image_files, pixel_array
 
 SPLITS = ("train", "val", "test")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -41,9 +41,9 @@ def pixels(image: Image.Image, channels: int, size: tuple[int, int]) -> Tensor:
 
 
 def decode(path: Path, channels: int, size: tuple[int, int]) -> Tensor:
-    """One image file as uint8 ``(channels, *size)`` (``kiln.images.decode_array``, which ``kiln infer`` uses
+    """One image file as uint8 ``(channels, *size)`` (``kiln.images.decoded``, which ``kiln infer`` uses
     too); one that does not decode raises ``DataError`` naming it."""
-    return torch.from_numpy(decode_array(path, channels, size))
+    return torch.from_numpy(decoded(path, channels, size)[0])
 
 
 @rank_zero_only

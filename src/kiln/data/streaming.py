@@ -30,7 +30,7 @@ SIZES = ("num_outputs", "vocab_size", "block_size")  # other declarations the mo
 
 def sizes() -> tuple[str, ...]:
     """The declarations beside classes and shape that ``kiln.json`` keeps: kiln's and the project's own."""
-    return SIZES + tuple(name for name in project_declarations() if name not in SIZES)
+    return project_declarations(SIZES)
 
 
 SPLITS = ("train", "val", "test")

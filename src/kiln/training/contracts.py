@@ -135,11 +135,13 @@ def input_stats(network_class: Any, init_args: Any, in_channels: int | None) -> 
 PROJECT = "pyproject.toml"
 
 
-def project_declarations() -> tuple[str, ...]:
-    """Names a project's data declares beyond kiln's own, linked and streamed as kiln's are: ``[tool.kiln] declares``
-    in the ``pyproject.toml`` of the folder kiln runs in (a pose task's ``num_joints``: no engine edit)."""
+def project_declarations(kilns: tuple[str, ...]) -> tuple[str, ...]:
+    """``kilns`` (kiln's own names), then the names a project's data declares beyond them, linked and streamed as
+    kiln's are: ``[tool.kiln] declares`` in the ``pyproject.toml`` of the folder kiln runs in (a pose task's
+    ``num_joints``: no engine edit)."""
     path = Path(PROJECT).resolve()
-    return _declared_in(path, path.stat().st_mtime_ns) if path.is_file() else ()
+    project = _declared_in(path, path.stat().st_mtime_ns) if path.is_file() else ()
+    return kilns + tuple(name for name in project if name not in kilns)
 
 
 @functools.lru_cache(maxsize=4)
