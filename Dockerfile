@@ -3,7 +3,9 @@
 #   docker run --gpus all --shm-size 8g -v "$PWD/runs:/app/runs" -v "$PWD/data:/app/data" kiln fit -c configs/trainer/gpu.yaml
 # The CUDA base image is named once, in BASE_IMAGE (torch's wheels bring their CUDA libraries; the base gives the
 # runtime that meets the host's driver). Stages: build (uv, Python, the locked environment), runtime (what runs,
-# as a user without root), dev (the dev container: the whole dev group, make and git).
+# as a user without root), dev (the dev container: the whole dev group, make and git), serve (`kiln serve` on
+# onnxruntime without torch: docker build --target serve -t kiln-serve . ;
+# docker run -p 8000:8000 -v "$PWD/runs/digits/<run>/export:/app/export:ro" kiln-serve).
 ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 ARG PYTHON_VERSION=3.12
 
@@ -42,3 +44,21 @@ RUN apt-get update && apt-get install -y --no-install-recommends make git && rm 
     && chown -R 1000:1000 /app
 ENV UV_PROJECT_ENVIRONMENT=.venv
 USER 1000:1000
+
+FROM python:${PYTHON_VERSION}-slim AS serve
+# What the serve extra needs at uv.lock's versions, the training dependencies pruned (serve imports none of them),
+# then kiln without its own dependencies
+COPY --from=uv /uv /usr/local/bin/uv
+WORKDIR /app
+COPY pyproject.toml uv.lock README.md ./
+COPY src ./src
+RUN uv export --locked --no-dev --extra serve --no-emit-project --no-hashes --quiet --output-file /tmp/serve.txt \
+        --prune torch --prune torchvision --prune lightning --prune torchmetrics --prune wandb --prune tensorboard \
+        --prune optuna --prune timm --prune matplotlib --prune pandas --prune rich \
+    && uv pip install --system --no-cache -r /tmp/serve.txt && uv pip install --system --no-cache --no-deps . \
+    && rm -rf /tmp/serve.txt /usr/local/bin/uv \
+    && groupadd --system --gid 10001 kiln && useradd --system --uid 10001 --gid kiln kiln
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["kiln", "serve", "--host", "0.0.0.0"]
+CMD ["--model", "/app/export/model.onnx"]

@@ -420,6 +420,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, help="epochs per run (default: the workload's)")
     parser.add_argument("--profile", type=Path, help="also profile each run into this folder (benchmarks/profiling.py)")
     parser.add_argument("--no-sweep", action="store_true", help="leave out the sweep and start-up measurements")
+    parser.add_argument("--no-serve", action="store_true", help="leave out `kiln serve` under load (serving.py)")
     parser.add_argument("--template-args", default="", help="more `kiln fit` arguments for the template kinds")
     parser.add_argument("--one", choices=all_kinds, help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -513,6 +514,10 @@ def main() -> None:
             "help_s": statistics.median(helps),
             "help_extra_s": statistics.median(h - i for h, i in zip(helps, imports, strict=True)),
         }
+    if not options.no_serve:
+        import serving  # benchmarks/serving.py
+
+        results["serving"] = serving.measure(options.smoke)
     write(results, repeats, options.out, readme=options.update_readme and not options.smoke)
 
 
@@ -568,6 +573,12 @@ def write(results: dict, repeats: int, out: Path, readme: bool) -> None:
             f"{w['alone_s']:.2f} s the same run alone: overhead {w['overhead_s']:.2f} s per trial (target <= 1 s); "
             f"as its own `kiln fit` process (`--subprocess`) {w['process_s']:.1f} s.",
         ]
+    if "serving" in results:
+        import serving
+
+        lines += ["", "`kiln serve` (onnxruntime, CPU, `--max_batch_size 32`), one sample a request, clients on the "
+                  "same machine, against onnxruntime in-process at the same batch size:", "",
+                  *serving.table(results["serving"])]  # fmt: skip
     table = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from PIL import Image
@@ -38,9 +39,13 @@ def pixel_array(image: Image.Image, channels: int, size: tuple[int, int]) -> np.
     return (array[None] if array.ndim == 2 else array.transpose(2, 0, 1)).copy()  # contiguous, writable
 
 
-def decoded(path: Path, channels: int, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
-    """One image file as uint8 ``(channels, *size)``, and its own width and height before any resize; one that
-    does not decode raises ``DataError`` naming it.
+def _named(source: Path | IO[bytes]) -> str:
+    return str(source) if isinstance(source, Path) else getattr(source, "name", "the image")
+
+
+def decoded(path: Path | IO[bytes], channels: int, size: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+    """One image file (or its bytes, named by ``.name``) as uint8 ``(channels, *size)``, and its own width and height
+    before any resize; one that does not decode raises ``DataError`` naming it.
 
     Pillow decodes (torchvision's own image decoding is deprecated since 0.29).
     """
@@ -49,7 +54,9 @@ def decoded(path: Path, channels: int, size: tuple[int, int]) -> tuple[np.ndarra
             image.load()  # the whole file: a truncated one fails here
             return pixel_array(image, channels, size), image.size
     except Image.DecompressionBombError as err:  # a header claiming billions of pixels: never decoded
-        raise DataError(f"{path}: refused, {str(err).splitlines()[0]}") from None
+        raise DataError(f"{_named(path)}: refused, {str(err).splitlines()[0]}") from None
+    except Image.UnidentifiedImageError:
+        raise DataError(f"{_named(path)}: not an image file (in none of the formats Pillow reads)") from None
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise DataError(f"{path}: unreadable or truncated image ({reason})") from None
+        raise DataError(f"{_named(path)}: unreadable or truncated image ({reason})") from None

@@ -39,6 +39,9 @@ def test_bench_smoke_runs_the_gpu_workload_paths_and_writes_every_comparison(tmp
     sweep = report["sweep"]  # the per-trial overhead of `kiln sweep`
     assert sweep["trial_s"] > 0 and sweep["alone_s"] > 0 and sweep["process_s"] > 0  # speeds: make bench
     assert "overhead" in table
+    for clients, served in report["serving"]["digits"].items():  # `kiln serve` under load, and the ceiling
+        assert served["requests_per_s"] > 0 and served["p99_ms"] >= served["p50_ms"] > 0, clients
+        assert served["ceiling_per_s"] > 0 and f"| digits | {clients} |" in table
     profile = tmp_path / "profile"  # --profile: where each run's steps go, an epoch per tool
     for kind in ("ceiling", "template_on_device", "template_fast"):
         assert "Self CPU" in (profile / f"{kind}-ops.txt").read_text()  # torch.profiler's tables

@@ -485,8 +485,8 @@ def test_kiln_help_lists_every_subcommand_and_a_flag_before_one_is_named(capsys:
         main(["--help"])
     assert stop.value.code == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()]
-    assert listed == ["fit", "validate", "test", "predict", "sweep", "multirun", "export", "infer", "convert", "diff",
-                      "tune"]  # fmt: skip
+    assert listed == ["fit", "validate", "test", "predict", "sweep", "multirun", "export", "infer", "serve", "convert",
+                      "diff", "tune"]  # fmt: skip
     for argv, code, expected in [([], 2, "usage: kiln"), (["--bogus", "1"], 2, "error: kiln --bogus: unknown option"),
                                  (["fitt"], 2, "no such subcommand; did you mean fit?"),
                                  (["tune", "--help"], 0, "usage: kiln tune lr")]:  # fmt: skip

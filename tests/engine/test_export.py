@@ -199,19 +199,6 @@ def test_export_refuses_to_replace_an_existing_folder_and_a_bad_format_in_one_li
     assert said == f"error: kiln export: {tmp_path / 'served'} exists; remove it or give another --output\n"
 
 
-def test_infer_refuses_a_model_of_token_ids_in_one_line(tmp_path: Path) -> None:
-    (tmp_path / "model.onnx").write_bytes(b"")  # refused before it is read
-    spec = {"source": "array", "dtype": "int64", "input_shape": [32], "input": "input"}
-    (tmp_path / "preprocess.json").write_text(json.dumps(spec))
-    (tmp_path / "ids.npy").write_bytes(b"")
-    command = [sys.executable, "-m", "kiln", "infer", "--model", str(tmp_path / "model.onnx"), str(tmp_path)]
-    # a process of its own: `kiln infer` imports no torch (0.3 s), less than starting the fork server for it
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "takes int64 ids of shape [32], made by the data (a tokenizer), not files" in done.stderr
-    assert not (tmp_path / "predictions.csv").exists()
-
-
 @pytest.mark.parametrize(
     ("args", "says"),
     [(["--model", "m.onnx", ""], "an empty input path"), (["--model", "", "x.png"], "--model is empty"),

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -131,7 +133,7 @@ def test_the_dockerfile_passes_hadolint_and_installs_from_the_lock_as_a_user_wit
     done = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     stages = [line.split() for line in dockerfile.splitlines() if line.startswith("FROM ")]
-    assert [s[-1] for s in stages] == ["uv", "build", "runtime", "dev"]  # multi-stage
+    assert [s[-1] for s in stages] == ["uv", "build", "runtime", "dev", "serve"]  # multi-stage
     assert dockerfile.count("nvidia/cuda:") == 1 and dockerfile.count("${BASE_IMAGE}") == 2  # named in one place
     assert "uv sync --locked --no-dev --all-extras --no-editable" in dockerfile
     runtime = dockerfile.split("AS runtime")[1].split("FROM ")[0]
@@ -141,3 +143,26 @@ def test_the_dockerfile_passes_hadolint_and_installs_from_the_lock_as_a_user_wit
     container = json.loads((ROOT / ".devcontainer" / "devcontainer.json").read_text())
     assert container["build"] == {"dockerfile": "../Dockerfile", "context": "..", "target": "dev"}
     assert (ROOT / ".env.example").is_file() and ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+SERVED_IMPORTS = {"numpy", "pillow", "jsonargparse"}  # the main dependencies `kiln serve` imports (test_serve.py)
+
+
+def test_the_serve_image_installs_the_serve_extra_from_the_lock_without_torch_or_any_training_dependency() -> None:
+    """Every main dependency `kiln serve` does not import is pruned, so a new one cannot slip into the image."""
+    uv = shutil.which("uv") or str(Path(site.getuserbase()) / "bin" / "uv")
+    if not Path(uv).is_file():
+        pytest.skip("needs uv (make install puts it on the user's PATH)")
+    stage = (ROOT / "Dockerfile").read_text().split("AS serve")[1]
+    export = re.search(r"uv export (.*?) &&", stage.replace("\\\n", " "), re.DOTALL)
+    assert export is not None
+    flags = [f for f in export.group(1).split() if f not in ("--output-file", "/tmp/serve.txt")]
+    done = subprocess.run([uv, "export", *flags], cwd=ROOT, capture_output=True, text=True, check=True)
+    names = {re.split(r"[=;\[ ]", line)[0].lower() for line in done.stdout.splitlines() if line and line[0].isalpha()}
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    main = {re.split(r"[<>=\[ ]", d)[0].lower() for d in listed}
+    pruned = {flags[i + 1] for i, f in enumerate(flags) if f == "--prune"}
+    assert pruned == main - SERVED_IMPORTS
+    assert {"litserve", "onnxruntime", "python-multipart", *SERVED_IMPORTS} <= names
+    assert not names & {"torch", "torchvision", "lightning", "wandb", "nvidia-cublas-cu12", "triton"}

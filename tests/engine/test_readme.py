@@ -142,6 +142,7 @@ RUN: list[tuple[str, Rule]] = [
 SKIPPED = {  # README line -> why it does not run here
     r"^docker ": "builds or runs a container image (tests/engine/test_provenance.py checks the Dockerfile statically)",
     r"^python3 -m pip install ": "installs from PyPI (no network in tests)",
+    r"^kiln serve |^curl ": "starts or asks a server (tests/engine/test_serve.py serves each example's checkpoint)",
     r"gpu\.yaml|TRAINER=gpu": "needs a CUDA GPU (tests/engine/test_trainer_features.py's GPU tests)",
     r"research\.nets\.Timm .*weights hub": "fetches pretrained weights "
     "(tests/engine/test_pretrained.py loads them from a local cache)",

@@ -35,11 +35,12 @@ COMMANDS = {
     "export": ("kiln.commands.export", "export_command"),  # ONNX and torch.export files, checked against eager
     "convert": ("kiln.commands.convert", "main"),  # any datamodule's splits to LitData chunks
     "infer": ("kiln.commands.infer", "infer_command"),  # predictions from an exported model, without torch
+    "serve": ("kiln.commands.serve", "serve_command"),  # an exported model over HTTP, batched (LitServe)
     "diff": ("kiln.commands.diff", "diff_command"),  # what differs between two runs: config, environment, code
     "tune": ("kiln.commands.tune", "tune_command"),  # a learning-rate range test on the configured optimizer
 }
 FULL = (errno.ENOSPC, errno.EDQUOT)
-WITHOUT_TORCH = ("infer", "diff")  # commands that run where torch is not installed, or need not load it
+WITHOUT_TORCH = ("infer", "serve", "diff")  # commands that run where torch is not installed, or need not load it
 
 
 LIGHTNING = {  # LightningCLI's own subcommands, which kiln.cli runs
@@ -53,6 +54,7 @@ ABOUT = {
     "multirun": "seeds, folds and grids of fit runs, aggregated",
     "export": "ONNX and torch.export files of a checkpoint, checked against it",
     "infer": "predictions from an exported model, without torch",
+    "serve": "an exported model over HTTP, batched, as infer answers",
     "convert": "a datamodule's splits to LitData chunks for streaming",
     "diff": "what differs between two runs: config, environment, code",
     "tune": "a learning-rate range test on the configured optimizer",

@@ -190,7 +190,7 @@ def _refuse_disagreement(report: dict[str, Any], formats: list[str], tolerance: 
         )
 
 
-def _checkpoint(given: str, files: list[str], root: str | None, name: str | None) -> Reference:
+def checkpoint(given: str, files: list[str], root: str | None, name: str | None) -> Reference:
     """``--ckpt_path`` through the one resolver every command uses; ``best``, ``last`` and ``wandb:`` under the
     run.root and run.name that ``kiln fit`` resolves from the same ``-c`` files and flags (a run on part of the
     data is taken only with a ``-c`` that trains on part of it, as ``kiln test`` takes it)."""
@@ -233,7 +233,7 @@ def export_command(args: list[str]) -> None:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
-    found = _checkpoint(options.ckpt_path, options.config, options.root, options.name)
+    found = checkpoint(options.ckpt_path, options.config, options.root, options.name)
     assert found.path is not None  # only `fit --ckpt_path last` finds none and goes on
     run = run_of(found.path)  # a run's own folder has its config.yaml; else the file's (a downloaded W&B version)
     output = options.output or (run if layout(run).config.is_file() else found.path.parent) / "export"
@@ -244,18 +244,19 @@ def export_command(args: list[str]) -> None:
 
 
 def _say_exported(report: dict[str, Any], output: Path, formats: list[str], tolerance: float) -> None:
-    """Each file's parity in a line, then how to serve it (``kiln infer``, for images and float samples)."""
+    """Each file's parity in a line, then how to use it (``kiln infer``, ``kiln serve``)."""
     for fmt in formats:
         for size, r in report[fmt].items():
             print(f"{fmt} batch {size}: {agreement(r, tolerance)} on {report['samples']} test samples",
                   file=sys.stderr)  # fmt: skip
     spec = json.loads((output / "preprocess.json").read_text())
     model = output / "model.onnx"
-    if spec["source"] == "image":
-        print(f"exported to {output}: `kiln infer --model {model} <images or folder>`", file=sys.stderr)
-    elif spec["dtype"] == "float32":
-        print(f"exported to {output}: `kiln infer --model {model} <.npy or .csv files of samples of shape "
-              f"{spec['input_shape']}>`", file=sys.stderr)  # fmt: skip
-    else:  # ids: what makes them from raw input (a tokenizer) is the data's own
-        print(f"exported to {output}: {spec['dtype']} inputs of shape {spec['input_shape']} go to {model} through "
-              "onnxruntime, made as the data makes them", file=sys.stderr)  # fmt: skip
+    kind = "ids" if spec["dtype"] != "float32" else "samples"
+    given = (
+        "<images or folder>"
+        if spec["source"] == "image"
+        else f"<.npy or .csv files of {kind} of shape {spec['input_shape']}>"
+    )
+    print(
+        f"exported to {output}: `kiln infer --model {model} {given}`, or `kiln serve --model {model}`", file=sys.stderr
+    )

@@ -1,16 +1,15 @@
 """``kiln infer --model model.onnx <files or folders>``: predictions from an exported model, without torch.
 
-Needs onnxruntime, numpy and Pillow only (``pip install kiln[onnx]`` on a serving machine). Images
-are decoded and resized as the folder data does (``kiln.images``); arrays of samples are read from
-``.npy`` files or ``.csv`` files (a sample per row); both are then scaled and normalised as
-``preprocess.json`` beside the model says. ``predictions.csv`` gets a row per sample: a classifier's
-class and probabilities, or any other model's values.
+Needs onnxruntime, numpy and Pillow only (the ``serve`` extra on a serving machine). Images are decoded and
+resized as the folder data does (``kiln.images``); arrays of samples (token ids too) are read from ``.npy`` files
+or ``.csv`` files (a sample per row); both are then scaled and normalised as ``preprocess.json`` beside the model
+says (kiln.commands.exported, which ``kiln serve`` shares). ``predictions.csv`` gets a row per sample: a
+classifier's class and probabilities, or any other model's values.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from kiln.commands.arguments import OneLineParser
+from kiln.commands.exported import Exported, load, rows
 from kiln.errors import UsageError
-from kiln.files import MOST_COLUMNS, written_whole
+from kiln.files import written_whole
 from kiln.images import decoded, image_files
 
 ARRAY_SUFFIXES = (".npy", ".csv")
@@ -43,35 +43,19 @@ def files(given: list[str], image: bool) -> list[Path]:
     return found
 
 
-def _normalised(raw: np.ndarray, spec: dict[str, Any], scale: float | None = None) -> np.ndarray:
-    """Samples ``(N, *input_shape)`` scaled (by ``scale``, else the spec's) and normalised as the data did
-    (statistics along axis 0 of a sample)."""
-    x = raw.astype(np.float32) * np.float32(spec["scale"] if scale is None else scale)
-    if spec.get("mean") is None:
-        return x
-    shape = (-1, *[1] * (raw.ndim - 2)) if spec.get("stats_axis") == 0 else (-1,)
-    mean = np.asarray(spec["mean"], dtype=np.float32).reshape(shape if len(spec["mean"]) > 1 else ())
-    std = np.asarray(spec["std"], dtype=np.float32).reshape(shape if len(spec["std"]) > 1 else ())
-    return ((x - mean) / std).astype(np.float32)
-
-
-def image_inputs(
-    paths: list[Path], spec: dict[str, Any], batch_size: int, sizes: list[tuple[int, int]]
-) -> tuple[list[Any], Iterator]:
-    """An image model's input ``(N, C, H, W)`` in batches: image files decoded a batch at a time (a folder of photos
-    never sits in memory whole; each one's own size to ``sizes``), ``.npy``/``.csv`` samples read whole, uint8 as
-    pixels and floats as values in [0, 1], as kiln's datasets take them."""
-    channels, height, width = spec["input_shape"]
-    arrays = {path: array_samples(path, spec["input_shape"]) for path in paths if path.suffix in ARRAY_SUFFIXES}
+def inputs(model: Exported, paths: list[Path], batch_size: int, sizes: list[tuple[int, int]]) -> tuple[list, Iterator]:
+    """``(path, sample)`` for each row, and the model's input in batches: image files decoded a batch at a time (a
+    folder of photos never sits in memory whole; each one's own size to ``sizes``), array files read whole."""
+    shape = model.spec["input_shape"]
+    arrays = {path: array_samples(path, shape) for path in paths if path.suffix in ARRAY_SUFFIXES}
     named = [(path, i) for path in paths for i in range(len(arrays[path]) if path in arrays else 1)]
 
     def unit(path: Path) -> list[np.ndarray]:
         if path in arrays:
-            raw = arrays[path]
-            return list(_normalised(raw, spec, 1 / 255 if raw.dtype == np.uint8 else 1.0))
-        array, size = decoded(path, channels, (height, width))
+            return list(model.samples(arrays[path]))
+        array, size = decoded(path, shape[0], tuple(shape[1:]))
         sizes.append(size)
-        return list(_normalised(array[None], spec))
+        return list(model.samples(array[None], pixels=True))
 
     def chunks() -> Iterator[np.ndarray]:
         pending: list[np.ndarray] = []
@@ -115,57 +99,6 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def batches(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(n, start + size))
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
-
-
-def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], list[list[Any]], dict[str, np.ndarray]]:
-    """The CSV's prediction columns: a classifier's class and probabilities, or any other model's values, each output
-    of a model of several by name (``<output>`` or ``<output>_<i>``); an output of more than ``MOST_COLUMNS`` values a
-    sample (a mask, a reconstruction) is returned as an array, its row named by the CSV's ``array_row``."""
-    names = spec.get("output_names") or ["output"]
-    if len(outputs) == 1 and spec.get("output") in ("logits", "probabilities"):  # a classifier's
-        probs = softmax(outputs[0]) if spec.get("output") == "logits" else outputs[0]  # probabilities: older exports
-        classes = spec.get("class_names") or [str(c) for c in range(probs.shape[1])]
-        best = probs.argmax(axis=1)
-        header = ["predicted", "class", *(f"p_{name}" for name in classes)]
-        values = [[int(b), classes[b], *(f"{p:.6f}" for p in row)] for b, row in zip(best, probs, strict=True)]
-        return header, values, {}
-    header, columns, arrays = [], [], {}
-    for name, out in zip(names, outputs, strict=True):
-        flat = out.reshape(len(out), -1)
-        if flat.shape[1] > MOST_COLUMNS:
-            arrays[name] = out
-            continue
-        label = "prediction" if len(outputs) == 1 else name
-        header += [label] if flat.shape[1] == 1 else [f"{label}_{i}" for i in range(flat.shape[1])]
-        columns.append(flat)
-    values = (
-        [[f"{v:.6g}" for v in row] for row in np.concatenate(columns, axis=1)] if columns else [[]] * len(outputs[0])
-    )
-    if arrays:
-        header, values = [*header, "array_row"], [[*row, n] for n, row in enumerate(values)]
-    return header, values, arrays
-
-
-def _inputs(
-    paths: list[Path], spec: dict[str, Any], image: bool, batch_size: int, sizes: list[tuple[int, int]]
-) -> tuple[list[Any], Iterator]:
-    """``(path, sample)`` for each row, and the inputs in batches (array files read whole)."""
-    if image:
-        return image_inputs(paths, spec, batch_size, sizes)
-    samples = [(path, array_samples(path, spec["input_shape"])) for path in paths]
-    everything = _normalised(np.concatenate([array for _, array in samples]), spec)
-    named = [(path, i) for path, array in samples for i in range(len(array))]
-    return named, (everything[part] for part in batches(len(everything), batch_size))
-
-
 def _resized(paths: list[Path], sizes: list[tuple[int, int]], spec: dict[str, Any]) -> str | None:
     """One line when images were resized to the model's input (the training data's loader resized them alike)."""
     height, width = spec["input_shape"][1:]
@@ -176,24 +109,20 @@ def _resized(paths: list[Path], sizes: list[tuple[int, int]], spec: dict[str, An
     return f"resized {len(other)} of {len(paths)} images to {width}x{height} ({spec.get('resize')}; {path}: {w}x{h})"
 
 
+def cell(value: Any) -> Any:
+    """A CSV cell: six significant digits of a number."""
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
 def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> Path:
     """Write ``output`` (a CSV: file, sample, then the prediction's columns) for the files given, and beside it
     ``<output>-<name>.npy`` for each output too large for columns."""
-    spec_file = model.parent / "preprocess.json"
-    if not model.is_file() or not spec_file.is_file():
-        raise UsageError(f"kiln infer: {model} and its preprocess.json are needed (what `kiln export` writes)")
-    spec = json.loads(spec_file.read_text())
-    image = spec.get("source", "image") == "image" and len(spec["input_shape"]) == 3
-    if not image and spec.get("dtype", "float32") != "float32":
-        raise UsageError(
-            f"kiln infer: {model} takes {spec['dtype']} ids of shape {spec['input_shape']}, made by the data (a "
-            "tokenizer), not files: predict with `kiln predict --ckpt_path`, or feed such ids to onnxruntime"
-        )
+    exported = load(model, "infer")
+    spec, image = exported.spec, exported.image
     paths = files(given, image)
-    session = _session(model)
     sizes: list[tuple[int, int]] = []  # each image's own, as it is decoded
-    named, chunks = _inputs(paths, spec, image, batch_size, sizes)
-    ran = [session.run(None, {spec["input"]: chunk}) for chunk in chunks]
+    named, chunks = inputs(exported, paths, batch_size, sizes)
+    ran = [exported.run(chunk) for chunk in chunks]
     header, values, arrays = rows([np.concatenate(parts) for parts in zip(*ran, strict=True)], spec)
     for name, array in arrays.items():  # each whole before the CSV names its rows
         with written_whole(output.with_name(f"{output.stem}-{name}.npy")) as partial, partial.open("wb") as f:
@@ -203,22 +132,11 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
         writer = csv.writer(f)
         writer.writerow(["path", *(["sample"] if numbered else []), *header])
         for (path, i), row in zip(named, values, strict=True):
-            writer.writerow([str(path), *([i] if numbered else []), *row])
+            writer.writerow([str(path), *([i] if numbered else []), *map(cell, row)])
     pictures = [path for path in paths if path.suffix not in ARRAY_SUFFIXES]
     if image and (line := _resized(pictures, sizes, spec)):
         print(line, file=sys.stderr)
     return output
-
-
-def _session(model: Path) -> Any:
-    """onnxruntime's session of ``model`` on the CPU; a file it cannot read is one line."""
-    import onnxruntime
-
-    try:
-        return onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UsageError(f"kiln infer: {model}: not a readable ONNX model ({reason}): export it again") from None
 
 
 def infer_command(args: list[str]) -> None:
