@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import socket
 import statistics
@@ -118,7 +117,7 @@ def measure_one(args: list[str], smoke: bool) -> dict[str, dict[str, float]]:
             body = json.dumps({"input": pixels.tolist()}).encode()
             results = {str(c): load(port, c, seconds, body) for c in CLIENTS}
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
+            server.send_signal(signal.SIGTERM)  # as `docker stop` does: the server stops its own processes
             server.wait(60)
         for c in CLIENTS:
             results[str(c)]["ceiling_per_s"] = ceiling(model, pixels, min(c, 32), seconds)

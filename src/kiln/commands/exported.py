@@ -44,16 +44,19 @@ class Exported:
         return normalised(raw, self.spec)
 
 
-def load(model: Path, command: str) -> Exported:
+def load(model: Path, command: str, spin: bool = True) -> Exported:
     """``model`` and the ``preprocess.json`` beside it; either missing, or a file onnxruntime cannot read, is one
-    line."""
+    line. ``spin``: onnxruntime's threads spin between calls (its default: the fastest back-to-back batches)."""
     spec_file = model.parent / "preprocess.json"
     if not model.is_file() or not spec_file.is_file():
         raise UsageError(f"kiln {command}: {model} and its preprocess.json are needed (what `kiln export` writes)")
     import onnxruntime
 
     try:
-        session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        options = onnxruntime.SessionOptions()
+        if not spin:  # its threads sleep between calls, leaving the cores to a server's HTTP processes
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UsageError(f"kiln {command}: {model}: not a readable ONNX model ({reason}): export it again") from None

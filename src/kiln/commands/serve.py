@@ -74,7 +74,7 @@ class Served(ls.LitAPI):
         self.model_path = model
 
     def setup(self, device: str) -> None:
-        self.model = load(self.model_path, "serve")
+        self.model = load(self.model_path, "serve", spin=False)
         spec = self.model.spec
         self.model.run(np.zeros((1, *spec["input_shape"]), dtype=spec.get("dtype", "float32")))  # the warm-up call
 
@@ -229,10 +229,13 @@ def serve_command(args: list[str]) -> None:
     parser.add_argument("--max_batch_size", type=int, default=32, help="requests run together at most")
     parser.add_argument("--batch_timeout", type=float, default=0.001, help="seconds a batch waits to fill")
     parser.add_argument("--workers", type=int, default=1, help="model processes (each its own onnxruntime)")
+    parser.add_argument("--http_processes", type=int, default=min(4, os.cpu_count() or 1), help="processes that "
+                        "answer HTTP and decode requests (default: the cores, at most 4)")  # fmt: skip
     parser.add_argument("--max_payload_mb", type=float, default=16.0, help="a larger request is refused (413)")
     options = parser.parse_args(args)
-    if options.max_batch_size < 1 or options.workers < 1 or not 1024 <= options.port <= 65535:
-        raise UsageError("kiln serve: --max_batch_size and --workers take 1 or more, --port 1024 to 65535")
+    if min(options.max_batch_size, options.workers, options.http_processes) < 1 or not 1024 <= options.port <= 65535:
+        raise UsageError("kiln serve: --max_batch_size, --workers and --http_processes take 1 or more, --port 1024 "
+                         "to 65535")  # fmt: skip
     model = _exported_from(options)
     info = describe(model, load(model, "serve").spec)  # an unreadable model stops here, in one line
     api = Served(model, options.max_batch_size, options.batch_timeout)
@@ -241,4 +244,10 @@ def serve_command(args: list[str]) -> None:
                           disable_openapi_url=True)  # fmt: skip
     signal.signal(signal.SIGTERM, _stop_on_sigterm(os.getpid()))
     print(f"serving {model} at http://{options.host}:{options.port}/predict (/health, /info)", file=sys.stderr)
-    server.run(host=options.host, port=options.port, generate_client_file=False, log_level="warning")
+    server.run(
+        host=options.host,
+        port=options.port,
+        generate_client_file=False,
+        log_level="warning",
+        num_api_servers=options.http_processes,
+    )
