@@ -308,7 +308,8 @@ class StreamedDigits(PlainDigits):
 
 
 class WorkerDigits(PlainDigits):
-    """PlainDigits shuffled by a worker that is not persistent: Lightning starts it before kiln can order it."""
+    """PlainDigits shuffled by a worker that is not persistent: Lightning starts it before kiln orders it, and kiln
+    starts Lightning's iterator again."""
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.sets[0], batch_size=self.batch_size, shuffle=True, num_workers=1)

@@ -96,13 +96,13 @@ class PlainImages(ListImages):
 
     resume_at = None  # no contract: kiln makes the plain order resumable itself
 
-    def __init__(self, batch_size: int = 6, num_workers: int = 0):
+    def __init__(self, batch_size: int = 6, num_workers: int = 0, persistent: bool = True):
         super().__init__(batch_size)
-        self.num_workers = num_workers
+        self.num_workers, self.persistent = num_workers, persistent
 
     def train_dataloader(self):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, collate_fn=as_list,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+                          num_workers=self.num_workers, persistent_workers=self.persistent and self.num_workers > 0)
 
 
 class ListNet(LightningModule):
@@ -244,12 +244,13 @@ def test_a_list_of_tensors_batch_stopped_mid_epoch_resumes_bitwise_to_the_uninte
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, True), (2, False)],
+                         ids=["in_process", "persistent_workers", "workers"])  # fmt: skip
 def test_a_plain_shuffling_dataloader_stopped_mid_epoch_resumes_bitwise_with_no_code_of_its_own(
-    project: Path, workers: int
+    project: Path, workers: int, persistent: bool
 ) -> None:
     args = ["fit", "-c", "experiment.yaml", "--run.test_after_fit", "false", "--data.class_path", "task.PlainImages",
-            "--data.init_args.num_workers", str(workers)]  # fmt: skip
+            "--data.init_args.num_workers", str(workers), "--data.init_args.persistent", str(persistent)]  # fmt: skip
     whole = kiln(project, *args, "--run.root", "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     stop = ["--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=23",  # 7 batches into epoch 1

@@ -182,29 +182,27 @@ class ExactResume(Callback):
 
     def _resume_order(self, trainer: Trainer) -> None:
         """A loader of the user's own: its plain order made resumable (resumable_order), and a resume skips into it.
-        Lightning has started the loader's iterator by now: in-process and persistent workers take the new order
-        (the latter restarted in place, the iterator Lightning holds); other workers already took the old one."""
+        Lightning has started the loader's iterator by now: in-process workers take the new order as it is; other
+        workers took the old one, so the iterator Lightning holds starts again (persistent workers in place)."""
         if isinstance(datamodule(trainer), ResumesMidEpoch):
             return
         loader: Any = trainer.train_dataloader
         order = self._plain_order(trainer)
         # no batch has run yet: (0, 0) on a fresh run, what load_state_dict read on a resume
         epoch, samples = self._position[0], self._position[1] or 0
-        started = getattr(loader, "num_workers", 0) > 0
-        if order is not None and (not started or loader.persistent_workers):
-            order.set_epoch(epoch)
-            order.skip = samples
-            if started:
-                iter(loader)  # a persistent iterator starts again, in place, from this order
-        elif samples:
-            self._say_inexact(trainer, epoch, order is not None)
+        if order is None:
+            if samples:
+                self._say_inexact(trainer, epoch)
+            return
+        order.set_epoch(epoch)
+        order.skip = samples
+        if getattr(loader, "num_workers", 0) > 0:
+            iter(trainer.fit_loop._data_fetcher)  # type: ignore[arg-type]  # Lightning's iterator, from this order
 
-    def _say_inexact(self, trainer: Trainer, epoch: int, started: bool) -> None:
+    def _say_inexact(self, trainer: Trainer, epoch: int) -> None:
         data = datamodule(trainer)
         name = type(data).__name__ if data is not None else "the training loader"
-        if started:
-            why = "its DataLoader's workers start before kiln can order them: give it persistent_workers=True"
-        elif isinstance(getattr(trainer.train_dataloader, "dataset", None), IterableDataset):
+        if isinstance(getattr(trainer.train_dataloader, "dataset", None), IterableDataset):
             why = "it reads an IterableDataset, whose position only the dataset could keep"
         else:
             why = ("its loader's sampler is its own: give the datamodule resume_at(epoch, samples) for an exact resume "
