@@ -9,6 +9,7 @@ import csv
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,3 +227,16 @@ def test_a_model_that_is_not_there_is_one_line(tmp_path: Path) -> None:
     done = subprocess.run([*KILN, "serve", "--model", str(tmp_path / "model.onnx")], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "model.onnx and its preprocess.json are needed (what `kiln export` writes)" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_model_that_does_not_run_on_its_own_input_stops_before_it_listens(digits: Path, tmp_path: Path) -> None:
+    """The warm-up batch runs before the server listens: it stopped with an internal error and a traceback."""
+    bad = tmp_path / "export"
+    shutil.copytree(digits.parent, bad)
+    spec = json.loads((bad / "preprocess.json").read_text())
+    (bad / "preprocess.json").write_text(json.dumps({**spec, "input_shape": [1, 9, 9]}))
+    done = subprocess.run([*KILN, "serve", "--model", str(bad / "model.onnx"), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "does not run on a sample of shape [1, 9, 9], what its preprocess.json says it takes" in done.stderr

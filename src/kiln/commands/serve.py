@@ -74,9 +74,7 @@ class Served(ls.LitAPI):
         self.model_path = model
 
     def setup(self, device: str) -> None:
-        self.model = load(self.model_path, "serve", spin=False)
-        spec = self.model.spec
-        self.model.run(np.zeros((1, *spec["input_shape"]), dtype=spec.get("dtype", "float32")))  # the warm-up call
+        self.model = warmed_up(self.model_path)
 
     def decode_request(self, request: Request) -> tuple[np.ndarray, str | None]:
         """LitServe reads the annotation: ``Request`` gives the body as parsed JSON, or a multipart form."""
@@ -96,6 +94,20 @@ class Served(ls.LitAPI):
 
     def unbatch(self, output: list) -> list:
         return output
+
+
+def warmed_up(path: Path) -> Exported:
+    """The model, after a batch of one sample of the input it says it takes ran: /health says ok only after it,
+    and a model that cannot run stops the server before it listens, in one line."""
+    model = load(path, "serve", spin=False)
+    spec = model.spec
+    try:
+        model.run(np.zeros((1, *spec["input_shape"]), dtype=spec.get("dtype", "float32")))
+    except Exception as err:  # onnxruntime's own (InvalidArgument, Fail): a model and a preprocess.json that disagree
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UsageError(f"kiln serve: {path} does not run on a sample of shape {spec['input_shape']}, what its "
+                         f"preprocess.json says it takes ({reason}): export it again") from None  # fmt: skip
+    return model
 
 
 def answer(header: list[str], row: list[Any], arrays: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -237,7 +249,7 @@ def serve_command(args: list[str]) -> None:
         raise UsageError("kiln serve: --max_batch_size, --workers and --http_processes take 1 or more, --port 1024 "
                          "to 65535")  # fmt: skip
     model = _exported_from(options)
-    info = describe(model, load(model, "serve").spec)  # an unreadable model stops here, in one line
+    info = describe(model, warmed_up(model).spec)  # a model that cannot run stops here, in one line
     api = Served(model, options.max_batch_size, options.batch_timeout)
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=options.workers, model_metadata=info,
                           max_payload_size=int(options.max_payload_mb * 2**20), middlewares=[JsonBodies],
