@@ -517,7 +517,7 @@ def main() -> None:
     if not options.no_serve:
         import serving  # benchmarks/serving.py
 
-        results["serving"] = serving.measure(options.smoke)
+        results["serving"] = serving.measure(options.smoke, RESNET)
     write(results, repeats, options.out, readme=options.update_readme and not options.smoke)
 
 

@@ -30,6 +30,7 @@ LINKED = ["Makefile", "configs", "src", ".venv", "pyproject.toml", "uv.lock", "s
           "README.md", "docs"]  # fmt: skip
 PAGES = [
     "README.md",
+    "docs/data.md",
     "docs/running.md",
     "docs/contracts.md",
     "docs/wandb.md",
