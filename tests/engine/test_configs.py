@@ -289,11 +289,17 @@ def test_a_command_reads_the_default_config_once_and_the_next_command_reads_it_a
     assert read == [str(CONFIGS / "train.yaml")] * 2  # before: four times
 
 
-def test_a_progress_bar_or_model_summary_added_replaces_the_default_one() -> None:
-    """Lightning takes one of each: an added TQDMProgressBar was an internal error ("multiple progress bar
-    callbacks"), and an added RichModelSummary (for its max_depth) printed a second summary."""
+def test_a_progress_bar_model_summary_or_prediction_writer_added_replaces_the_default_one() -> None:
+    """A run takes one of each: an added TQDMProgressBar was an internal error ("multiple progress bar
+    callbacks"), an added RichModelSummary (for its max_depth) printed a second summary, and an added
+    PredictionWriter (for its class maps) found predictions.csv taken (an internal error)."""
+    from kiln.callbacks import PredictionWriter
+
     added = ["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks+=RichModelSummary",
-             "--trainer.callbacks.max_depth=2", "--trainer.logger", "false"]  # fmt: skip
+             "--trainer.callbacks.max_depth=2", "--trainer.callbacks+=kiln.callbacks.PredictionWriter",
+             "--trainer.callbacks.class_maps=true", "--trainer.logger", "false"]  # fmt: skip
     callbacks = build_cli(added, run=False).trainer.callbacks  # type: ignore[attr-defined]
     bars, summaries = ([type(c).__name__ for c in callbacks if isinstance(c, base)] for base in (ProgressBar, Summary))
     assert bars == ["TQDMProgressBar"] and summaries == ["RichModelSummary"]
+    (writer,) = [c for c in callbacks if isinstance(c, PredictionWriter)]
+    assert writer.class_maps

@@ -206,10 +206,17 @@ def test_a_segmentation_in_plain_lightning_goes_through_every_command(project: P
     fit = ["fit", "-c", "experiment.yaml"]
     run = fit_stopped_and_resumed(tmp_path, fit, "blobs")
 
+    maps = ["--trainer.callbacks+=kiln.callbacks.PredictionWriter", "--trainer.callbacks.class_maps=true"]
     for command in ("validate", "test", "predict"):  # the checkpoint alone: its config and run folder
-        done = kiln(tmp_path, command, "--ckpt_path", run / "checkpoints" / "last.ckpt")
+        done = kiln(
+            tmp_path, command, "--ckpt_path", run / "checkpoints" / "last.ckpt", *maps[: 2 * (command == "predict")]
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     (predicted,) = run.parent.glob("predict-*")  # beside the run it read
+    assert (
+        f"{len(list((predicted / 'predictions-prediction').iterdir()))} class maps in predictions-prediction/"
+        in done.stderr
+    )
     x, masks, eager = rebuilt_outputs(tmp_path, run)
     logged = kiln(tmp_path, "test", "--ckpt_path", run / "checkpoints" / "last.ckpt", "--trainer.logger",
                   "kiln.training.loggers.Wandb", wandb="offline")  # fmt: skip
@@ -217,6 +224,9 @@ def test_a_segmentation_in_plain_lightning_goes_through_every_command(project: P
     assert not list(run.parent.glob("test-*/wandb/offline-run-*/files/media/table/**/*.json"))  # was: an empty one
     assert np.allclose(np.load(predicted / "predictions-prediction.npy"), eager["mask"].numpy(), atol=1e-6)
     assert np.array_equal(np.load(predicted / "predictions-target.npy"), masks.numpy())
+    for name, classes in (("prediction", eager["mask"].argmax(1)), ("target", masks)):  # class maps as images
+        shown = [np.asarray(Image.open(predicted / f"predictions-{name}" / f"{i}.png")) for i in range(len(masks))]
+        assert np.array_equal(np.stack(shown), classes.numpy()), name  # a pixel's value is its class
 
     served = tmp_path / "served"
     exported = kiln(tmp_path, "export", "-c", "experiment.yaml", "--run.root", "runs", "--ckpt_path", "last",

@@ -183,6 +183,7 @@ BAD: dict[str, tuple[dict[str, Any], int, str]] = {
     "both keys": ({"input": [], "image": ""}, 400, "a request gives either input or image"),
     "wrong shape": ({"input": [[1, 2]]}, 422, "int64 values of shape [1, 2], where the model takes one sample"),
     "not numbers": ({"input": [["a"] * 8] * 8}, 422, "values that are not all numbers"),
+    "not finite": ({"input": [[[float("nan")] * 8] * 8]}, 422, "input: 64 values are NaN or infinite"),
     "pixels over 255": ({"input": [[[300] * 8] * 8]}, 422, "integers are pixels from 0 to 255"),
     "not base64": ({"image": "#!"}, 422, "image: not base64"),
     "not an image": ({"image": base64.b64encode(b"text").decode()}, 422, "image: not an image file"),

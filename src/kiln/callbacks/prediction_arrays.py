@@ -1,16 +1,21 @@
-"""Predictions with too many values a sample for CSV columns (a mask, a reconstruction), kept as ``.npy`` arrays."""
+"""Predictions with too many values a sample for CSV columns (a mask, a reconstruction), kept as ``.npy`` arrays,
+and a segmentation's class maps as images too."""
 
 from __future__ import annotations
 
+import colorsys
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
 from kiln.files import MOST_COLUMNS
+from kiln.training.contracts import declared_classes
 
 
 def dense(values: Any, n: int) -> bool:
@@ -22,8 +27,9 @@ class ArrayRows:
     """Each output's rows, batch by batch into a staging folder (memory stays one batch), joined at the end into
     ``<stem>-<name>.npy`` beside the CSV: row ``i`` of every array is the CSV's ``array_row`` ``i``."""
 
-    def __init__(self, folder: Path, stem: str) -> None:
-        self.folder, self.stem = folder, stem
+    def __init__(self, folder: Path, stem: str, classes: int | None = None) -> None:
+        """``classes``: the data's number of classes, for class maps as images (``class_maps``); None for none."""
+        self.folder, self.stem, self.classes = folder, stem, classes
         self.staging = folder / f".{stem}-arrays.partial"
         self.batches: dict[str, list[Path]] = {}
 
@@ -52,9 +58,44 @@ class ArrayRows:
             del joined
             partial.replace(path)
             written.append(f"{path.name} {tuple(int(d) for d in (start, *parts[0].shape[1:]))}")
+            if self.classes is not None and (maps := class_maps(path, self.classes)):
+                written.append(f"{maps} class maps in {path.stem}/")
         self.discard()
         return written
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
         self.batches = {}
+
+
+def map_classes(trainer: Any, wanted: bool) -> int | None:
+    """The data's classes, where class maps are ``wanted``: data that declares none gets one line."""
+    if not wanted:
+        return None
+    if (count := declared_classes(trainer)) is None:
+        print("PredictionWriter: class_maps needs data that declares num_classes; no class maps", file=sys.stderr)
+    return count
+
+
+def palette(classes: int) -> list[int]:
+    """A colour a class (0 black, the others hues apart), as Pillow's flat RGB palette."""
+    hues = [colorsys.hsv_to_rgb(i / max(classes - 1, 1), 0.75, 1.0) for i in range(classes - 1)]
+    return [0, 0, 0, *(round(255 * c) for rgb in hues for c in rgb)]
+
+
+def class_maps(array: Path, classes: int) -> int:
+    """Each sample's class map as a PNG beside ``array`` (``<array>/<row>.png``: a pixel's value is its class, its
+    colour from :func:`palette`), from logits ``(N, classes, H, W)`` (their argmax) or class indices ``(N, H, W)``;
+    how many were written (none for another output, or over 256 classes)."""
+    values = np.load(array, mmap_mode="r")
+    logits = values.ndim == 4 and values.shape[1] == classes
+    if not (logits or (values.ndim == 3 and values.dtype.kind in "iu")) or classes > 256:
+        return 0
+    folder = array.with_suffix("")
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier prediction's maps never mix with these
+    folder.mkdir()
+    for row, values_of in enumerate(values):
+        image = Image.fromarray((values_of.argmax(0) if logits else values_of).astype(np.uint8), "P")
+        image.putpalette(palette(classes))
+        image.save(folder / f"{row}.png")
+    return len(values)

@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
-from kiln.callbacks.prediction_arrays import MOST_COLUMNS, ArrayRows, dense
+from kiln.callbacks.prediction_arrays import MOST_COLUMNS, ArrayRows, dense, map_classes
 from kiln.errors import UsageError
 from kiln.training.contracts import WritesPredictions, declared_classes, declared_names
 
@@ -106,12 +106,15 @@ class PredictionWriter(BasePredictionWriter):
     Args:
         output_dir: Folder of the CSV; ``None`` means the run folder (``trainer.default_root_dir``).
         filename: Name of the CSV.
+        class_maps: For data that declares classes, also write each sample's class map (a segmentation's logits
+            ``(classes, H, W)`` by their argmax, or its ``(H, W)`` class indices) as a PNG, ``predictions-<output>/
+            <row>.png``: a pixel's value is its class, shown in a colour a class.
     """
 
-    def __init__(self, output_dir: str | None = None, filename: str = "predictions.csv") -> None:
+    def __init__(self, output_dir: str | None = None, filename: str = "predictions.csv", class_maps: bool = False):
         super().__init__(write_interval="batch")
         self.output_dir = output_dir
-        self.filename = filename
+        self.filename, self.class_maps = filename, class_maps
         self.path: Path | None = None
         self._partial = Path()
         self._file: IO[str] | None = None
@@ -132,7 +135,7 @@ class PredictionWriter(BasePredictionWriter):
         self._file = self._partial.open("w", newline="")
         self._writer = csv.writer(self._file)
         self._rows = 0
-        self._arrays = ArrayRows(folder, Path(self.filename).stem)
+        self._arrays = ArrayRows(folder, Path(self.filename).stem, map_classes(trainer, self.class_maps))
         loaders = trainer.predict_dataloaders
         self._paths = getattr(getattr(loaders, "dataset", None), "paths", None)
         sampler = getattr(loaders, "sampler", None)  # an on-device loader's EvaluationShard under DDP

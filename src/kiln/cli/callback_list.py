@@ -80,14 +80,17 @@ def _named(names: list[str], callbacks: list[Namespace]) -> tuple[dict[int, str]
 
 
 def _later_replaces(callbacks: list[Any]) -> list[Any]:
-    """Of the callbacks Lightning takes one of (a progress bar, a model summary), the last listed (``callbacks+``
-    adds after the defaults) replaces those before it: Lightning refused two bars and printed two summaries."""
+    """Of the callbacks a run takes one of (a progress bar, a model summary, kiln's predictions.csv), the last
+    listed (``callbacks+`` adds after the defaults) replaces those before it: Lightning refused two bars and
+    printed two summaries, and a second writer found predictions.csv taken."""
+    from kiln.callbacks.predictions import PredictionWriter
+
     kept = list(callbacks)
-    for base in (ProgressBar, ModelSummary):
+    for base in (ProgressBar, ModelSummary, PredictionWriter):
         same = [c for c in kept if is_a(c, base)]
         for replaced in same[:-1]:
             kept.remove(replaced)
-            console.LOG.info(f"{_name(replaced)}: left out, as {_name(same[-1])} comes after it (Lightning takes one "
+            console.LOG.info(f"{_name(replaced)}: left out, as {_name(same[-1])} comes after it (a run takes one "
                              f"{base.__name__})")  # fmt: skip
     return kept
 

@@ -146,6 +146,8 @@ def sample(request: Any, model: Exported) -> tuple[np.ndarray, str | None]:
         kind = "integer ids" if model.ids else "numbers"
         raise _refuse(422, f"input: {given} of shape {list(raw.shape)}, where the model takes one sample of {kind} "
                       f"of shape {shape}", model)  # fmt: skip
+    if raw.dtype.kind == "f" and not np.isfinite(raw).all():  # JSON as Python reads it takes NaN and Infinity
+        raise _refuse(422, f"input: {int((~np.isfinite(raw)).sum())} values are NaN or infinite", model)
     if model.image and raw.dtype.kind in "iu":
         if raw.min() < 0 or raw.max() > 255:
             raise _refuse(422, "input: integers are pixels from 0 to 255 (floats: values in [0, 1])", model)
