@@ -76,6 +76,7 @@ class BatchGrid(Callback):
         self.cell = cell
         self.done = False
         self.path: Path | None = None
+        self._first: tuple[Tensor, Tensor | None] | None = None  # the batch, drawn once the first epoch ends
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.done:
@@ -89,9 +90,25 @@ class BatchGrid(Callback):
                 f"{type(batch).__name__} batches")  # fmt: skip
             say(f"BatchGrid: no picture for {kind} (float images or 1-D samples only)")
             return
-        x = denormalised(trainer, inputs[: self.max_images].detach().float().cpu())
-        target = batch[1][: self.max_images].cpu() if isinstance(batch, list | tuple) and len(batch) > 1 else None
-        labels = captions(trainer, target, len(x))
+        target = (
+            batch[1][: self.max_images].cpu().clone() if isinstance(batch, list | tuple) and len(batch) > 1 else None
+        )
+        self._first = (inputs[: self.max_images].detach().float().cpu().clone(), target)  # as the step got it
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Drawn and logged here, not at the first batch: matplotlib and W&B's media types (0.3-0.5 s) stay off the
+        way to the first step."""
+        self._draw(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._draw(trainer)  # a run stopped inside its first epoch
+
+    def _draw(self, trainer: Trainer) -> None:
+        if self._first is None:
+            return
+        inputs, target = self._first
+        self._first = None
+        x, labels = denormalised(trainer, inputs), captions(trainer, target, len(inputs))
         if x.ndim == 4:
             figure = figures.image_grid(x, labels, cell=self.cell / figures.DPI)
         else:
