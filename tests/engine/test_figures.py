@@ -4,12 +4,17 @@ names on Optuna's plots; checked on the figure's own text objects (what the PNG 
 from __future__ import annotations
 
 import io
+import os
+import sys
 import warnings
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import optuna
+import pytest
 import torch
+from helpers import LIMIT, PROBES
 from PIL import Image
 
 from kiln.commands.sweep.report import sweep_figures, write_pictures
@@ -95,3 +100,16 @@ def test_sweep_pictures_are_optunas_with_the_metric_and_full_parameter_names(tmp
         warnings.simplefilter("error")
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         assert set(sweep_figures(tied, sweep)) == {"history"}
+
+
+@pytest.mark.slow
+def test_a_run_stopped_inside_its_first_epoch_still_draws_its_batch_grid(tmp_path: Path) -> None:
+    """The grid is drawn as the first epoch ends, off the way to the first step, or as a run stopped before ends."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": PROBES}
+    command = [sys.executable, "-m", "kiln", "fit", *LIMIT, "--trainer.logger", "false", "--run.root", str(tmp_path),
+               "--trainer.callbacks+=probes.SignalAtStep", "--trainer.callbacks.step=2",
+               "--trainer.callbacks.name=SIGTERM", f"--trainer.callbacks.marker={tmp_path / 'sent'}"]  # fmt: skip
+    done = forkserver.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 143, done.stderr[-2000:]
+    (grid,) = tmp_path.glob("*/*/batch_grid.png")
+    assert Image.open(grid).width == 8 * 96  # the first batch's 32 images, 8 a row

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from kiln.console import LOG, say
 from kiln.data.on_device import stats_view
+from kiln.errors import Preempted
 from kiln.runs import figures
 from kiln.training.contracts import datamodule, declared_classes, declared_names, statistics
 
@@ -100,8 +102,9 @@ class BatchGrid(Callback):
         way to the first step."""
         self._draw(trainer)
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._draw(trainer)  # a run stopped inside its first epoch
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException | Preempted):  # a run stopped inside its first epoch, to go on
+            self._draw(trainer)
 
     def _draw(self, trainer: Trainer) -> None:
         if self._first is None:
