@@ -165,7 +165,7 @@ def test_images_by_json_and_upload_are_answered_as_infer_reads_the_files(digits:
     assert done.returncode == 0 and "resized 4 of 4 images to 8x8" in done.stderr, done.stderr
     with (tmp_path / "p.csv").open() as f:
         rows = list(csv.DictReader(f))
-    with serving(["--model", str(digits)], tmp_path) as (url, _):
+    with serving(["--model", str(digits.parent)], tmp_path) as (url, _):  # the export folder
         encoded = [predict(url, {"image": base64.b64encode(p.read_bytes()).decode()}) for p in images]
         boundary = "kilnboundary"
         uploads = [request(f"{url}/predict", (f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '

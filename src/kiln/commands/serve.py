@@ -197,7 +197,7 @@ def _exported_from(options: Any) -> Path:
     """``--model``, or the export of ``--ckpt_path`` (resolved as every command resolves it) in its run folder's
     ``export/``, written there first when it is not."""
     if options.model:
-        return Path(options.model)
+        return Path(options.model) / "model.onnx" if Path(options.model).is_dir() else Path(options.model)
     from kiln.commands import export
     from kiln.runs.folders import layout
     from kiln.runs.reference import run_of
@@ -233,7 +233,7 @@ def serve_command(args: list[str]) -> None:
     """``kiln serve --model DIR/model.onnx | --ckpt_path FILE|best|last [-c FILE] [--port 8000] [...]``."""
     parser = OneLineParser(prog="kiln serve", description="Serve an exported model over HTTP (LitServe).")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="model.onnx from `kiln export`")
+    source.add_argument("--model", help="model.onnx from `kiln export`, or the folder it is in")
     source.add_argument("--ckpt_path", help="a checkpoint, best or last: exported to its run's export/ first")
     parser.add_argument("-c", "--config", action="append", default=[], help="for best and last: the experiment's")
     parser.add_argument("--run.root", dest="root", help="for best and last: run.root, as kiln fit takes it")
