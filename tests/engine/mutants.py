@@ -61,6 +61,12 @@ MUTANTS = [
            '    best = getattr(trainer.checkpoint_callback, "best_model_path", "") or None\n    last_file =',
            "    best = None\n    last_file =",
            REPLACED),
+    Mutant("a served sample not normalised as kiln infer normalises it", "src/kiln/commands/serve.py",
+           "    return model.samples(raw[None])[0], None\n", "    return raw.astype(np.float32) / 255, None\n",
+           (E + "test_serve.py", "-k", "answers_are and digits")),
+    Mutant("kiln serve killed by SIGTERM with requests in flight", "src/kiln/commands/serve.py",
+           "    signal.signal(signal.SIGTERM, _stop_on_sigterm(os.getpid()))\n", "",
+           (E + "test_serve.py", "-k", "sigterm")),
 ]  # fmt: skip
 
 
