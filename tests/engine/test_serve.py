@@ -193,7 +193,14 @@ BAD: dict[str, tuple[dict[str, Any], int, str]] = {
 @pytest.mark.slow
 def test_a_bad_request_is_one_4xx_line_and_the_server_answers_after(digits: Path, tmp_path: Path) -> None:
     good = {"input": np.zeros((1, 8, 8)).tolist()}
-    with serving(["--model", str(digits), "--max_payload_mb", "0.5"], tmp_path) as (url, server):
+    with serving(["--model", str(digits), "--max_payload_mb", "0.5", "--batch_timeout", "0.2"], tmp_path) as (
+        url,
+        server,
+    ):
+        with ThreadPoolExecutor(8) as pool:  # in one batch: a refusal is its request's alone (LitServe failed them all)
+            mixed = list(pool.map(lambda p: predict(url, p), [good, BAD["wrong shape"][0]] * 4))
+        assert [status for status, _ in mixed] == [200, 422] * 4
+        assert max(answer["batch"] for _, answer in mixed[::2]) > 1
         for name, (payload, status, says) in BAD.items():
             got, answer = predict(url, payload)
             assert (got, says in answer["detail"], "\n" in answer["detail"]) == (status, True, False), (name, answer)

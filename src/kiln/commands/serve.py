@@ -76,23 +76,37 @@ class Served(ls.LitAPI):
     def setup(self, device: str) -> None:
         self.model = warmed_up(self.model_path)
 
-    def decode_request(self, request: Request) -> tuple[np.ndarray, str | None]:
-        """LitServe reads the annotation: ``Request`` gives the body as parsed JSON, or a multipart form."""
-        return sample(request, self.model)
+    def decode_request(self, request: Request) -> tuple[np.ndarray, str | None] | HTTPException:
+        """LitServe reads the annotation: ``Request`` gives the body as parsed JSON, or a multipart form. A request
+        refused is kept as its refusal, answered alone: LitServe fails a whole batch on anything raised."""
+        try:
+            return sample(request, self.model)
+        except HTTPException as refused:
+            return refused
 
     def batch(self, inputs: list) -> list:
         return inputs
 
     def predict(self, inputs: Any) -> Any:
         batch = inputs if isinstance(inputs, list) else [inputs]
-        outputs = self.model.run(np.stack([x for x, _ in batch]))
-        header, values, arrays = rows(outputs, self.model.spec)
-        answers = [answer(header, values[i], {k: v[i] for k, v in arrays.items()}) for i in range(len(batch))]
-        for one, (_, note) in zip(answers, batch, strict=True):
-            one.update({"batch": len(batch), **({"resized": note} if note else {})})
-        return answers if isinstance(inputs, list) else answers[0]
+        taken = [item for item in batch if not isinstance(item, HTTPException)]
+        answers = iter(self._answers(taken) if taken else [])
+        answered = [item if isinstance(item, HTTPException) else next(answers) for item in batch]
+        return answered if isinstance(inputs, list) else answered[0]
+
+    def _answers(self, taken: list[tuple[np.ndarray, str | None]]) -> list[dict[str, Any]]:
+        header, values, arrays = rows(self.model.run(np.stack([x for x, _ in taken])), self.model.spec)
+        answers = [answer(header, values[i], {k: v[i] for k, v in arrays.items()}) for i in range(len(taken))]
+        for one, (_, note) in zip(answers, taken, strict=True):
+            one.update({"batch": len(taken), **({"resized": note} if note else {})})
+        return answers
 
     def unbatch(self, output: list) -> list:
+        return output
+
+    def encode_response(self, output: Any) -> Any:
+        if isinstance(output, HTTPException):  # its status and line, for this request only
+            return JSONResponse({"detail": output.detail}, output.status_code)
         return output
 
 
