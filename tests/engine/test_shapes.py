@@ -144,7 +144,7 @@ def test_normalisation_statistics_fit_any_sample_shape() -> None:
 def readme_example() -> tuple[str, str]:
     """The Python file and the YAML of the README's "A dataset" example."""
     readme = (CONFIGS.parent / "README.md").read_text()
-    section = readme[readme.index("**A dataset**") : readme.index("**Inputs that are not images.**")]
+    section = readme[readme.index("**A dataset**") : readme.index("### A network")]
     python, config = re.findall(r"```(?:python|yaml)\n(.*?)```", section, re.DOTALL)
     return python, config
 
