@@ -4,7 +4,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kiln.cli.configs import config_dir
-    from kiln.cli.engine import KilnCLI, argv_hidden, build_cli
+    from kiln.cli.engine import KilnCLI, build_cli
+    from kiln.cli.plan import argv_hidden
 
 __all__ = ["KilnCLI", "argv_hidden", "build_cli", "config_dir"]
 
@@ -15,6 +16,10 @@ def __getattr__(name: str) -> Any:
         from kiln.cli.configs import config_dir
 
         return config_dir
+    if name == "argv_hidden":
+        from kiln.cli.plan import argv_hidden
+
+        return argv_hidden
     if name in __all__:
         from kiln.cli import engine
 

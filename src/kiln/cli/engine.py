@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import ArgumentError, Namespace
-from jsonargparse._actions import _ActionPrintConfig  # docs/development.md: private APIs
 from lightning.pytorch import Callback, LightningDataModule, LightningModule
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
 from kiln import console
 from kiln.cli.callback_list import add_kiln_callbacks
-from kiln.cli.class_switch import own_defaults
-from kiln.cli.config_errors import describe, sources
 from kiln.cli.config_saver import WandbConfigSaver
 from kiln.cli.configs import config_dir
 from kiln.cli.from_checkpoint import refuse_unloadable
@@ -25,20 +20,19 @@ from kiln.cli.instantiator import Instantiator
 from kiln.cli.links import DataLinks, unwrap
 from kiln.cli.numbers_type import register_numbers
 from kiln.cli.parser import KilnArgumentParser, plain_config
-from kiln.cli.plan import RunPlan, argv_hidden, command_line, named_subcommand, resolve_plan, subcommands_for
-from kiln.cli.prepare import open_run, refuse
+from kiln.cli.plan import RunPlan, command_line, named_subcommand, parse_config, resolve_plan, subcommands_for
+from kiln.cli.prepare import open_run, refuse, refuse_missing
 from kiln.cli.resume_check import check_resume, keep_given_secrets
 from kiln.cli.run_options import add_run_arguments
 from kiln.console import quiet_lightning
-from kiln.errors import UsageError
 from kiln.process import process_group, stop_signals
 from kiln.process.secrets import load_env_file, redact, secret_values
 from kiln.runs.provenance import argv_shown
 from kiln.runs.record import RunRecord
-from kiln.training.testing import after_fit, missing_for
+from kiln.training.testing import after_fit
 from kiln.wandb.mode import finish_wandb, start_runs
 
-__all__ = ["KilnCLI", "argv_hidden", "build_cli"]
+__all__ = ["KilnCLI", "build_cli"]
 
 
 class KilnCLI(LightningCLI):
@@ -68,7 +62,7 @@ class KilnCLI(LightningCLI):
         the caller keeps (it removes the folder if the run fails unsaved), else the CLI's own."""
         self.inside, self.extra_callbacks = inside, list(callbacks)
         self.record = record if record is not None else RunRecord()
-        self._named = named_subcommand(kwargs.get("args"))
+        self.named = named_subcommand(kwargs.get("args"))
         self.plan = RunPlan(given=[])
         self.links = DataLinks()
         self._secrets: list[str] = []  # the config's secret values: W&B never reads them in sys.argv (_start_wandb)
@@ -95,28 +89,12 @@ class KilnCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
         """Lightning's subcommands, or only the one the command line names: a subcommand's parser takes about
         0.1 s to build, and a command parses with its own alone."""
-        return subcommands_for(self._named)
+        return subcommands_for(self.named)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """The run's plan: the config parsed, ``--ckpt_path`` resolved and read once (``kiln.cli.plan``)."""
         self.plan = RunPlan(given=command_line(args))
-        self.config = resolve_plan(self.plan, args, partial(self._parse, parser))
-
-    def _parse(self, parser: LightningArgumentParser, args: ArgsType) -> Namespace:
-        """Parse; a switched class gets its own defaults (kiln.cli.class_switch) before anything reads the config."""
-        own_argv = argv_hidden() if args is not None else contextlib.nullcontext()  # a notebook's: no warning
-        try:  # --print_config is printed below, once a switched class has its own defaults
-            with _ActionPrintConfig.skip_print_config(), own_argv:
-                super().parse_arguments(parser, args)
-        except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
-            known = getattr(self, "_subcommand_parsers", {}).get(self._named, parser)  # a LightningCLI attribute
-            raise UsageError(describe(str(err), self.plan.given, parser.default_config_files,
-                                      lambda: list(known.get_defaults().keys()))) from None  # fmt: skip
-        subcommand = self.config.get("subcommand")
-        own_defaults(self.config[subcommand] if subcommand else self.config, config_dir() / "train.yaml",
-                     sources(self.plan.parsed, []))  # fmt: skip
-        _ActionPrintConfig.print_config_if_requested(parser, self.config)  # `--print_config`: prints, then exits
-        return self.config
+        self.config = resolve_plan(self.plan, args, partial(parse_config, self, parser))
 
     def _dump_config(self) -> None:
         """LightningCLI's dump of the parsed config (the hyper-parameters checkpoints hold), without checking the
@@ -195,17 +173,12 @@ class KilnCLI(LightningCLI):
                 start_runs(self.trainer.loggers)
 
     def before_validate(self) -> None:
-        self._refuse_missing("validate")
+        refuse_missing("validate", self.model, self.datamodule)
         self._start_wandb()
 
     def before_test(self) -> None:
-        self._refuse_missing("test")
+        refuse_missing("test", self.model, self.datamodule)
         self._start_wandb()
-
-    def _refuse_missing(self, stage: str) -> None:
-        if missing := missing_for(stage, self.model, self.datamodule):
-            split = "validation" if stage == "validate" else stage
-            raise UsageError(f"kiln {stage}: {missing}; add it to evaluate a checkpoint on the {split} split")
 
     before_predict = _start_wandb
 

@@ -4,6 +4,7 @@ under ``run.root``) and read once, with the run folder a resume goes on in."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,20 +12,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jsonargparse import Namespace
-from lightning.pytorch.cli import ArgsType, LightningCLI
+from jsonargparse import ArgumentError, Namespace
+from jsonargparse._actions import _ActionPrintConfig  # docs/development.md: private APIs
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 
 from kiln.callbacks.last import finished_training
-from kiln.cli.config_errors import check_config_files
+from kiln.cli.class_switch import own_defaults
+from kiln.cli.config_errors import check_config_files, describe, sources
+from kiln.cli.configs import config_dir
 from kiln.cli.from_checkpoint import BUILT_FROM_KEY, read_checkpoint, saved_config, weight_shapes
 from kiln.cli.resume_check import average_line
-from kiln.errors import AlreadyFinished
+from kiln.errors import AlreadyFinished, UsageError
 from kiln.runs.picking import Pick, partial_data
 from kiln.runs.reference import PASSED_ON, resolve
 from kiln.training.testing import read_metrics
 from kiln.wandb import checkpoints as wandb_checkpoints
 
-Parse = Callable[[ArgsType], Namespace]  # the CLI's parse of a command line (KilnCLI._parse)
+Parse = Callable[[ArgsType], Namespace]  # the CLI's parse of a command line (parse_config)
 
 
 class Trained(NamedTuple):
@@ -149,6 +153,24 @@ def evaluated_file(given: list[str]) -> tuple[str, str] | None:
             found = value not in ("", "best", "last", "hpc", "null", "None")
             return (command, value) if found and not wandb_checkpoints.names_a_version(value) else None
     return None
+
+
+def parse_config(cli: Any, parser: LightningArgumentParser, args: ArgsType) -> Namespace:
+    """LightningCLI's parse into ``cli.config``; a parse error is one line (kiln.cli.config_errors), a switched class
+    gets its own defaults (kiln.cli.class_switch) before anything reads the config, then ``--print_config``."""
+    own_argv = argv_hidden() if args is not None else contextlib.nullcontext()  # a notebook's: no warning
+    try:  # --print_config is printed below, once a switched class has its own defaults
+        with _ActionPrintConfig.skip_print_config(), own_argv:
+            LightningCLI.parse_arguments(cli, parser, args)
+    except ArgumentError as err:  # `exit_on_error=False`: one line instead of usage plus nested errors
+        known = getattr(cli, "_subcommand_parsers", {}).get(cli.named, parser)  # a LightningCLI attribute
+        raise UsageError(describe(str(err), cli.plan.given, parser.default_config_files,
+                                  lambda: list(known.get_defaults().keys()))) from None  # fmt: skip
+    subcommand = cli.config.get("subcommand")
+    own_defaults(cli.config[subcommand] if subcommand else cli.config, config_dir() / "train.yaml",
+                 sources(cli.plan.parsed, []))  # fmt: skip
+    _ActionPrintConfig.print_config_if_requested(parser, cli.config)  # `--print_config`: prints, then exits
+    return cli.config
 
 
 @contextmanager

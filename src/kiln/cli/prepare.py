@@ -7,6 +7,7 @@ import sys
 
 import torch
 from jsonargparse import Namespace
+from lightning.pytorch import LightningDataModule, LightningModule
 
 from kiln import console
 from kiln.cli.callback_list import chosen_callbacks
@@ -28,6 +29,7 @@ from kiln.runs.folders import layout
 from kiln.runs.picking import nothing_to_run
 from kiln.runs.record import RunRecord
 from kiln.training.checkpointing import remove_stale_temporaries
+from kiln.training.testing import missing_for
 
 EVALUATIONS = ("validate", "test", "predict")  # they score a checkpoint: one must be named
 
@@ -53,6 +55,13 @@ def refuse(config: Namespace, subcommand: str | None, plan: RunPlan, links: Data
             f"kiln {subcommand} would run no batch")  # fmt: skip
         trained = " (`kiln test --ckpt_path <file>` tests a trained one)" if subcommand == "fit" else ""
         raise UsageError(f"{setting}: {why}; give a positive value{trained}")
+
+
+def refuse_missing(stage: str, model: LightningModule, data: LightningDataModule | None) -> None:
+    """``validate`` or ``test`` of a module or data without what that stage runs: one line."""
+    if missing := missing_for(stage, model, data):
+        split = "validation" if stage == "validate" else stage
+        raise UsageError(f"kiln {stage}: {missing}; add it to evaluate a checkpoint on the {split} split")
 
 
 def open_run(config: Namespace, subcommand: str | None, plan: RunPlan, record: RunRecord) -> tuple[RunPaths, list[str]]:

@@ -3,6 +3,7 @@ is what ``kiln infer`` writes for the same input (numpy and onnxruntime only, no
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,3 +105,24 @@ def rows(outputs: list[np.ndarray], spec: dict[str, Any]) -> tuple[list[str], li
     if arrays:
         header, values = [*header, "array_row"], [[*row, n] for n, row in enumerate(values)]
     return header, values, arrays
+
+
+def describe(model: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """What ``/info`` says: the model file, the checkpoint it was exported from, that run's folder and the hash of
+    its config, the input it takes and the outputs it gives, and kiln's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parity = model.parent / "parity.json"
+    checkpoint = json.loads(parity.read_text()).get("checkpoint") if parity.is_file() else None
+    run = next((p for p in Path(checkpoint).parents if (p / "config.yaml").is_file()), None) if checkpoint else None
+    try:
+        kiln = version("kiln")
+    except PackageNotFoundError:
+        kiln = None
+    return {
+        "model": str(model.resolve()), "checkpoint": checkpoint, "run": str(run) if run else None,
+        "config_sha256": hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest() if run else None,
+        "input": {k: spec.get(k) for k in ("input_shape", "dtype", "source", "resize", "recipe")},
+        "output": spec.get("output"), "output_names": spec.get("output_names"), "class_names": spec.get("class_names"),
+        "kiln": kiln,
+    }  # fmt: skip

@@ -4,7 +4,6 @@ warm-up call ran; ``/info`` names the checkpoint, its run and the input it takes
 
 import base64
 import binascii
-import hashlib
 import io
 import json
 import os
@@ -19,7 +18,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from kiln.commands.arguments import OneLineParser
-from kiln.commands.exported import Exported, load, rows
+from kiln.commands.exported import Exported, describe, load, rows
 from kiln.errors import DataError, UsageError
 from kiln.images import decoded
 
@@ -184,27 +183,6 @@ def _image(given: Any, model: Exported) -> tuple[np.ndarray, str | None]:
         raise _refuse(422, str(err), model) from None
     note = None if size == (width, height) else f"resized from {size[0]}x{size[1]} to {width}x{height} (bilinear)"
     return model.samples(pixels[None], pixels=True)[0], note
-
-
-def describe(model: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """What ``/info`` says: the model file, the checkpoint it was exported from, that run's folder and the hash of
-    its config, the input it takes and the outputs it gives, and kiln's version."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    parity = model.parent / "parity.json"
-    checkpoint = json.loads(parity.read_text()).get("checkpoint") if parity.is_file() else None
-    run = next((p for p in Path(checkpoint).parents if (p / "config.yaml").is_file()), None) if checkpoint else None
-    try:
-        kiln = version("kiln")
-    except PackageNotFoundError:
-        kiln = None
-    return {
-        "model": str(model.resolve()), "checkpoint": checkpoint, "run": str(run) if run else None,
-        "config_sha256": hashlib.sha256((run / "config.yaml").read_bytes()).hexdigest() if run else None,
-        "input": {k: spec.get(k) for k in ("input_shape", "dtype", "source", "resize", "recipe")},
-        "output": spec.get("output"), "output_names": spec.get("output_names"), "class_names": spec.get("class_names"),
-        "kiln": kiln,
-    }  # fmt: skip
 
 
 def _exported_from(options: Any) -> Path:
