@@ -94,8 +94,9 @@ def class_maps(array: Path, classes: int) -> int:
     folder = array.with_suffix("")
     shutil.rmtree(folder, ignore_errors=True)  # an earlier prediction's maps never mix with these
     folder.mkdir()
+    colours = palette(classes)
     for row, values_of in enumerate(values):
         image = Image.fromarray((values_of.argmax(0) if logits else values_of).astype(np.uint8), "P")
-        image.putpalette(palette(classes))
+        image.putpalette(colours)
         image.save(folder / f"{row}.png")
     return len(values)

@@ -187,7 +187,7 @@ class ExactResume(Callback):
         if isinstance(datamodule(trainer), ResumesMidEpoch):
             return
         loader: Any = trainer.train_dataloader
-        order = self._plain_order(trainer)
+        order = resumable_order(loader, self._order_seed)
         # no batch has run yet: (0, 0) on a fresh run, what load_state_dict read on a resume
         epoch, samples = self._position[0], self._position[1] or 0
         if order is None:

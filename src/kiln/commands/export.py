@@ -203,6 +203,13 @@ def checkpoint(given: str, files: list[str], root: str | None, name: str | None)
     return resolve(given, config["run"]["root"], config["run"]["name"], "export", pick)
 
 
+def default_output(checkpoint: Path) -> Path:
+    """``export/`` in the checkpoint's run folder (the one with its config.yaml), else beside the file (a downloaded
+    W&B version): where ``kiln export`` writes and ``kiln serve --ckpt_path`` looks."""
+    run = run_of(checkpoint)
+    return (run if layout(run).config.is_file() else checkpoint.parent) / "export"
+
+
 def export_command(args: list[str]) -> None:
     """``kiln export --ckpt_path FILE|best|last|wandb:… [-c FILE] [--run.root R] [--run.name N] [--format onnx,pt2]
     [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
@@ -235,8 +242,7 @@ def export_command(args: list[str]) -> None:
         raise UsageError(f"kiln export: --batch_sizes {options.batch_sizes!r}: give positive integers, e.g. 1,64")
     found = checkpoint(options.ckpt_path, options.config, options.root, options.name)
     assert found.path is not None  # only `fit --ckpt_path last` finds none and goes on
-    run = run_of(found.path)  # a run's own folder has its config.yaml; else the file's (a downloaded W&B version)
-    output = options.output or (run if layout(run).config.is_file() else found.path.parent) / "export"
+    output = options.output or default_output(found.path)
     if output.exists():
         raise UsageError(f"kiln export: {output} exists; remove it or give another --output")
     report = export(str(found.path), output, formats, sizes, options.tolerance, options.samples, found.version)

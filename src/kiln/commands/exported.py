@@ -7,12 +7,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
 from kiln.errors import UsageError
 from kiln.files import MOST_COLUMNS
+from kiln.images import decoded
 
 
 @dataclass
@@ -34,6 +35,13 @@ class Exported:
 
     def run(self, batch: np.ndarray) -> list[np.ndarray]:
         return self.session.run(None, {self.spec["input"]: batch})
+
+    def image_sample(self, source: Path | IO[bytes]) -> tuple[np.ndarray, tuple[int, int]]:
+        """An image file (or its bytes) as the network's sample, decoded and resized as the folder data does, and the
+        image's own width and height."""
+        channels, height, width = self.spec["input_shape"]
+        pixels, size = decoded(source, channels, (height, width))
+        return self.samples(pixels[None], pixels=True)[0], size
 
     def samples(self, raw: np.ndarray, pixels: bool = False) -> np.ndarray:
         """Samples ``(N, *input_shape)`` as the network takes them: ids as the data gives them; an image model's

@@ -21,7 +21,7 @@ from kiln.commands.arguments import OneLineParser
 from kiln.commands.exported import Exported, load, rows
 from kiln.errors import UsageError
 from kiln.files import written_whole
-from kiln.images import decoded, image_files
+from kiln.images import image_files
 
 ARRAY_SUFFIXES = (".npy", ".csv")
 
@@ -53,9 +53,9 @@ def inputs(model: Exported, paths: list[Path], batch_size: int, sizes: list[tupl
     def unit(path: Path) -> list[np.ndarray]:
         if path in arrays:
             return list(model.samples(arrays[path]))
-        array, size = decoded(path, shape[0], tuple(shape[1:]))
+        sample, size = model.image_sample(path)
         sizes.append(size)
-        return list(model.samples(array[None], pixels=True))
+        return [sample]
 
     def chunks() -> Iterator[np.ndarray]:
         pending: list[np.ndarray] = []

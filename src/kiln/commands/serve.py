@@ -20,7 +20,6 @@ from fastapi.responses import JSONResponse
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.exported import Exported, describe, load, rows
 from kiln.errors import DataError, UsageError
-from kiln.images import decoded
 
 
 class JsonBodies:
@@ -176,13 +175,13 @@ def _image(given: Any, model: Exported) -> tuple[np.ndarray, str | None]:
         raise _refuse(422, "image: not base64", model) from None
     stream = io.BytesIO(data)
     stream.name = "image"
-    channels, height, width = model.spec["input_shape"]
     try:
-        pixels, size = decoded(stream, channels, (height, width))
+        sample, size = model.image_sample(stream)
     except DataError as err:
         raise _refuse(422, str(err), model) from None
+    height, width = model.spec["input_shape"][1:]
     note = None if size == (width, height) else f"resized from {size[0]}x{size[1]} to {width}x{height} (bilinear)"
-    return model.samples(pixels[None], pixels=True)[0], note
+    return sample, note
 
 
 def _exported_from(options: Any) -> Path:
@@ -191,13 +190,10 @@ def _exported_from(options: Any) -> Path:
     if options.model:
         return Path(options.model) / "model.onnx" if Path(options.model).is_dir() else Path(options.model)
     from kiln.commands import export
-    from kiln.runs.folders import layout
-    from kiln.runs.reference import run_of
 
     found = export.checkpoint(options.ckpt_path, options.config, options.root, options.name)
     assert found.path is not None
-    run = run_of(found.path)
-    output = (run if layout(run).config.is_file() else found.path.parent) / "export"
+    output = export.default_output(found.path)
     parity = output / "parity.json"
     if not output.exists():
         export.export(str(found.path), output, ["onnx"], [1, 64], 1e-4, 1024, found.version)
