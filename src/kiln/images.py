@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import colorsys
+import shutil
 from pathlib import Path
 from typing import IO
 
@@ -60,3 +62,28 @@ def decoded(path: Path | IO[bytes], channels: int, size: tuple[int, int]) -> tup
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(f"{_named(path)}: unreadable or truncated image ({reason})") from None
+
+
+def palette(classes: int) -> list[int]:
+    """A colour a class (0 black, the others hues apart), as Pillow's flat RGB palette."""
+    hues = [colorsys.hsv_to_rgb(i / max(classes - 1, 1), 0.75, 1.0) for i in range(classes - 1)]
+    return [0, 0, 0, *(round(255 * c) for rgb in hues for c in rgb)]
+
+
+def class_maps(array: Path, classes: int) -> int:
+    """Each sample's class map as a PNG beside ``array`` (``<array>/<row>.png``: a pixel's value is its class, its
+    colour from :func:`palette`), from logits ``(N, classes, H, W)`` (their argmax) or class indices ``(N, H, W)``;
+    how many were written (none for another output, or over 256 classes)."""
+    values = np.load(array, mmap_mode="r")
+    logits = values.ndim == 4 and values.shape[1] == classes
+    if not (logits or (values.ndim == 3 and values.dtype.kind in "iu")) or classes > 256:
+        return 0
+    folder = array.with_suffix("")
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier prediction's maps never mix with these
+    folder.mkdir()
+    colours = palette(classes)
+    for row, values_of in enumerate(values):
+        image = Image.fromarray((values_of.argmax(0) if logits else values_of).astype(np.uint8), "P")
+        image.putpalette(colours)
+        image.save(folder / f"{row}.png")
+    return len(values)

@@ -240,8 +240,11 @@ def test_a_segmentation_in_plain_lightning_goes_through_every_command(project: P
     np.save(tmp_path / "sample.npy", x[0].numpy())
     Image.fromarray((x[1, 0].clamp(0, 1) * 255).round().byte().numpy()).save(tmp_path / "sample.png")
     inferred = kiln(tmp_path, "infer", "--model", served / "model.onnx", "--output", tmp_path / "p.csv",
-                    tmp_path / "sample.npy", tmp_path / "sample.png")  # fmt: skip
+                    "--class_maps", tmp_path / "sample.npy", tmp_path / "sample.png")  # fmt: skip
     assert inferred.returncode == 0, inferred.stderr[-3000:]
+    assert "2 class maps in p-mask/" in inferred.stderr
+    inferred_maps = np.stack([np.asarray(Image.open(tmp_path / "p-mask" / f"{i}.png")) for i in range(2)])
+    assert np.array_equal(inferred_maps, np.load(tmp_path / "p-mask.npy").argmax(1))  # infer's maps as predict's
     with (tmp_path / "p.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [Path(r["path"]).name for r in rows] == ["sample.npy", "sample.png"] and "area" in rows[0]

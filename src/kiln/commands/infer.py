@@ -21,7 +21,7 @@ from kiln.commands.arguments import OneLineParser
 from kiln.commands.exported import Exported, load, rows
 from kiln.errors import UsageError
 from kiln.files import written_whole
-from kiln.images import image_files
+from kiln.images import class_maps, image_files
 
 ARRAY_SUFFIXES = (".npy", ".csv")
 
@@ -109,14 +109,22 @@ def _resized(paths: list[Path], sizes: list[tuple[int, int]], spec: dict[str, An
     return f"resized {len(other)} of {len(paths)} images to {width}x{height} ({spec.get('resize')}; {path}: {w}x{h})"
 
 
+def _class_maps(array: Path, spec: dict[str, Any]) -> None:
+    """An output's class maps as PNGs (as ``PredictionWriter(class_maps=true)`` writes them), said in one line."""
+    classes = spec.get("class_names")
+    count = class_maps(array, len(classes)) if classes else 0
+    why = "the model's data declares no class names" if not classes else "not logits or class indices a pixel"
+    print(f"{count} class maps in {array.stem}/" if count else f"{array.name}: no class maps ({why})", file=sys.stderr)
+
+
 def cell(value: Any) -> Any:
     """A CSV cell: six significant digits of a number."""
     return f"{value:.6g}" if isinstance(value, float) else value
 
 
-def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> Path:
+def infer(model: Path, given: list[str], output: Path, batch_size: int = 64, maps: bool = False) -> Path:
     """Write ``output`` (a CSV: file, sample, then the prediction's columns) for the files given, and beside it
-    ``<output>-<name>.npy`` for each output too large for columns."""
+    ``<output>-<name>.npy`` for each output too large for columns (and its class maps as PNGs, with ``maps``)."""
     exported = load(model, "infer")
     spec, image = exported.spec, exported.image
     paths = files(given, image)
@@ -127,6 +135,8 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64) -> 
     for name, array in arrays.items():  # each whole before the CSV names its rows
         with written_whole(output.with_name(f"{output.stem}-{name}.npy")) as partial, partial.open("wb") as f:
             np.save(f, array)
+        if maps:
+            _class_maps(output.with_name(f"{output.stem}-{name}.npy"), spec)
     numbered = not image or any(path.suffix in ARRAY_SUFFIXES for path in paths)  # a file of several samples
     with written_whole(output) as partial, partial.open("w", newline="") as f:  # never a half-written file
         writer = csv.writer(f)
@@ -145,6 +155,7 @@ def infer_command(args: list[str]) -> None:
     parser.add_argument("--model", required=True, help="model.onnx from `kiln export`")
     parser.add_argument("--output", type=Path, default=Path("predictions.csv"))
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--class_maps", action="store_true", help="also write a segmentation's class maps as PNGs")
     parser.add_argument("inputs", nargs="+", help="image files, .npy or .csv files of samples, and folders of them")
     options = parser.parse_args(args)
     if options.batch_size < 1:
@@ -158,5 +169,5 @@ def infer_command(args: list[str]) -> None:
         raise UsageError(f"kiln infer: --output {output} is a folder: give a file, e.g. {output / 'predictions.csv'}")
     if not output.parent.is_dir():
         raise UsageError(f"kiln infer: --output {output}: its folder {output.parent} does not exist; create it first")
-    written = infer(Path(options.model), options.inputs, output, options.batch_size)
+    written = infer(Path(options.model), options.inputs, output, options.batch_size, options.class_maps)
     print(f"predictions: {written.resolve()}", file=sys.stderr)
