@@ -158,56 +158,6 @@ def test_init_from_another_network_class_is_refused_even_where_some_weights_matc
     assert "weights loaded from a research.nets.SmallCNN (--init_partial)" in line
 
 
-def _as_before_the_move(node: object) -> object:
-    """A checkpoint's hyper-parameters with the class paths of before the research package existed."""
-    if isinstance(node, dict):
-        return {k: _as_before_the_move(v) for k, v in node.items()}
-    if isinstance(node, str):
-        return re.sub(r"^research\.(nets|models|data)\.", r"kiln.\1.", node).replace(
-            "kiln.training.schedules.WarmupCosineLR", "kiln.models.WarmupCosineLR"
-        )
-    return node
-
-
-def test_a_checkpoint_saved_before_the_move_still_tests_and_a_config_names_the_new_path(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    fit = build_cli(["fit", *LIMIT, *QUIET, "--run.root", str(tmp_path), "--run.test_after_fit", "false"])
-    checkpoint = torch.load(Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt", weights_only=True)
-    for key in ("hyper_parameters", "datamodule_hyper_parameters"):
-        checkpoint[key] = _as_before_the_move(dict(checkpoint[key]))
-    assert checkpoint["hyper_parameters"]["_class_path"] == "kiln.models.Classifier"
-    speed = {"compile": True, "compile_mode": None, "compile_dynamic": False, "channels_last": False}  # now callbacks
-    checkpoint["hyper_parameters"].update(speed)
-    checkpoint["config"]["model"]["init_args"].update(speed)
-    old = tmp_path / "old.ckpt"
-    torch.save(checkpoint, old)
-    capsys.readouterr()
-    again = build_cli(["test", "--ckpt_path", str(old), *QUIET, "--run.root", str(tmp_path)])
-    assert type(again.model).__module__ == "research.models.classifier"
-    err = capsys.readouterr().err
-    same = build_cli(["test", "--ckpt_path", str(Path(fit.trainer.default_root_dir) / "checkpoints" / "last.ckpt"),
-                      *QUIET, "--run.root", str(tmp_path)])  # fmt: skip
-    for key in ("test/acc", "test/loss"):  # scored as the checkpoint of today's format is
-        assert again.trainer.callback_metrics[key].item() == same.trainer.callback_metrics[key].item()
-    tested = again.model.state_dict()  # the trained weights, not a network built anew (which scores about 0.1)
-    assert all(torch.equal(tested[k], v) for k, v in checkpoint["state_dict"].items())
-    assert f"{old} names kiln.nets.SmallCNN, which moved: read as research.nets.SmallCNN" in err
-    assert f"{old} was trained with model compile=True; it is kiln.callbacks.Compile now: add the callback" in err
-    assert "channels_last" not in err  # it was off: nothing lost, nothing to say
-    (tmp_path / "speed.yaml").write_text("model:\n  init_args:\n    compile: true\n")
-    with pytest.raises(SystemExit):
-        main(["fit", "-c", str(tmp_path / "speed.yaml"), *QUIET])
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert line.endswith("Classifier has no argument compile; it is kiln.callbacks.Compile now: add the callback to "
-                         "trainer.callbacks (--trainer.callbacks+ kiln.callbacks.Compile)")  # fmt: skip
-    (tmp_path / "old.yaml").write_text("model:\n  class_path: kiln.models.Classifier\n")
-    with pytest.raises(SystemExit):
-        main(["fit", "-c", str(tmp_path / "old.yaml"), *QUIET])
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert line.endswith("no class kiln.models.Classifier; it moved to research.models.Classifier: write that")
-
-
 @pytest.mark.slow
 def test_every_command_that_takes_a_checkpoint_finds_the_same_one_by_each_reference(tmp_path: Path) -> None:
     """One resolver (kiln.runs.reference) for best, last and a file, under a run.root of the user's: `kiln export`

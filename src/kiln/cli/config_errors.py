@@ -193,14 +193,6 @@ def _under(prefix: str, classes: list[str]) -> str | None:
     return next((c for c in reversed(classes) if c.startswith(prefix)), None)
 
 
-def _moved_hint(given: str) -> str:
-    """``; it moved to X: write that`` for a class path of before the move (kiln.cli.moved)."""
-    from kiln.cli.moved import new_home
-
-    new = new_home(given)
-    return f"; it moved to {new}: write that" if new else ""
-
-
 def describe(message: str, args: list[str], default_files: Iterable[str], known_keys: Callable[[], list[str]]) -> str:
     """One line for a jsonargparse error ``message``: where, which key, what is wrong, the nearest valid choice."""
     settings = sources(args, default_files)
@@ -244,23 +236,19 @@ def _name_mistake(mistake: Mistake, settings: list[Source], known_keys: Callable
         owner = mistake.classes[-1] if mistake.classes else ""
         target = skeleton(f"{path}.{option}")
         where = where_written(settings, lambda p, v: skeleton(p) == target, f"{path}.init_args.{option}")
-        from kiln.cli.moved import moved_argument
-
-        hint = moved_argument(option) or nearest(option, parameters(import_class(owner)))
+        hint = nearest(option, parameters(import_class(owner)))
         return f"{where}: {owner.rsplit('.', 1)[-1]} has no argument {option}{hint}"
     if mistake.kind == "class" and (deeper := _under(f"{'.'.join(mistake.found)}.", mistake.classes)):
-        hint = _moved_hint(deeper)  # a package along the path lacks the module (kiln.models.Classifier)
-        return f"{where_written(settings, lambda p, v: v == deeper, f'{path}.class_path')}: no class {deeper}{hint}"
+        return f"{where_written(settings, lambda p, v: v == deeper, f'{path}.class_path')}: no class {deeper}"
     if mistake.kind == "class":  # the module imported, the name is not in it
         module, name = mistake.found
         given = f"{module}.{name}"
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-        hint = _moved_hint(given) or nearest(name, names).replace("mean ", f"mean {module}.")
+        hint = nearest(name, names).replace("mean ", f"mean {module}.")
         return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
     if mistake.kind == "module":
         given = next((c for c in reversed(mistake.classes) if c.startswith(mistake.found[0])), mistake.found[0])
-        hint = _moved_hint(given)
-        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}{hint}"
+        return f"{where_written(settings, lambda p, v: v == given, f'{path}.class_path')}: no class {given}"
     key = mistake.found[0]  # kind "key"
     where = where_written(settings, lambda p, v: skeleton(p) == skeleton(key), key)
     return f"{where}: no such setting{nearest(key, known_keys())}"

@@ -18,7 +18,6 @@ import yaml
 from torch import nn
 
 from kiln.cli.links import DataLinks, drop_link_targets, link_targets
-from kiln.cli.moved import rehome_checkpoint
 from kiln.cli.resume_check import flat, init_only, saved_model
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml
@@ -127,9 +126,8 @@ def refuse_unloadable(hparams: dict[str, Any], shapes: dict[str, tuple[int, ...]
 
 
 def read_checkpoint(path: str | Path, mmap: bool = True) -> dict[str, Any]:
-    """A checkpoint file read safely (one line for a bad one): what it was built from, its classes at their paths
-    of today."""
-    return rehome_checkpoint(completed(load_checkpoint_file(path, mmap=mmap)), str(path))
+    """A checkpoint file read safely (one line for a bad one), with what it was built from."""
+    return completed(load_checkpoint_file(path, mmap=mmap))
 
 
 def rebuild(ckpt_path: str | Path) -> tuple[Any, Any]:
