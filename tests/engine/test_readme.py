@@ -171,6 +171,15 @@ def test_the_sweep_file_the_readme_shows_is_the_shipped_one() -> None:
     assert {key: readme.get(key) for key in shipped} == shipped  # every key the file has, as the file has it
 
 
+def test_every_file_size_the_pages_state_is_the_file_s() -> None:
+    """The README called the regressor 70 lines and said it saved with `save_hyperparameters`: it had grown to 79
+    lines around `save_config`."""
+    stated = re.findall(r"`(research/[\w/]+\.py)` \((\d+) lines\)", pages_text())
+    assert stated  # the claims were found
+    for path, lines in stated:
+        assert len((ROOT / "src" / path).read_text().splitlines()) == int(lines), path
+
+
 def test_every_readme_command_has_a_rule() -> None:
     commands = readme_commands()
     assert len(commands) > 20  # the blocks were found

@@ -226,9 +226,22 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(digits: Path, tmp_
         for thread in sent:
             thread.join(60)
         assert server.wait(60) == 0, server.communicate()[1][-2000:]
+        said = server.communicate()[1]
+    assert "WARNING" not in said and "Traceback" not in said, said  # LitServe warned "Already not alive"
     assert [status for status, _ in answers] == [200] * 4 and {a["batch"] for _, a in answers} == {4}
     with pytest.raises(urllib.error.URLError):
         request(f"{url}/health")
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_terminal_group_exits_0_without_a_traceback(digits: Path, tmp_path: Path) -> None:
+    """Ctrl-C signals every process of the group: the model's process printed LitServe's KeyboardInterrupt."""
+    with serving(["--model", str(digits)], tmp_path) as (url, server):
+        assert predict(url, {"input": np.ones((1, 8, 8)).tolist()})[0] == 200
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(60) == 0
+        said = server.communicate()[1]
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said and "WARNING" not in said, said
 
 
 def test_a_model_that_is_not_there_is_one_line(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import base64
 import binascii
 import io
 import json
+import logging
 import os
 import signal
 import sys
@@ -72,6 +73,9 @@ class Served(ls.LitAPI):
         self.model_path = model
 
     def setup(self, device: str) -> None:
+        """In the model's process: Ctrl-C (SIGINT to the terminal's whole group) is the main process's to act on,
+        which stops this one; here it printed a KeyboardInterrupt traceback from LitServe's queue."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.model = warmed_up(self.model_path)
 
     def decode_request(self, request: Request) -> tuple[np.ndarray, str | None] | HTTPException:
@@ -209,7 +213,8 @@ def _stop_on_sigterm(main: int) -> Any:
     the HTTP servers forked from it, the default, once uvicorn has drained and hands the signal back."""
 
     def stop(*_: Any) -> None:
-        if os.getpid() == main:
+        if os.getpid() == main:  # LitServe then warns of each HTTP server this signal already stopped: not news
+            logging.getLogger("litserve.server").addFilter(lambda record: "Already not alive" not in record.msg)
             raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
