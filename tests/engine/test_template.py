@@ -100,6 +100,19 @@ def test_generation_renames_the_research_package_and_leaves_the_engine_whole(tem
     assert "kiln fit" in (project / "Makefile").read_text()
 
 
+def test_every_path_and_make_target_a_generated_readme_names_is_the_projects(project: Path) -> None:
+    """Its contents linked docs/development.md, a template-only page; its make mutants refused in the project."""
+    text = "\n".join(page.read_text() for page in [project / "README.md", *sorted((project / "docs").glob("*.md"))])
+    makefile = (project / "Makefile").read_text()
+    for target in set(re.findall(r"(?<![\w/.-])make ([a-z][\w-]*)", text)):
+        recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)*)", makefile, re.MULTILINE)
+        assert recipe and "tests/engine" not in recipe.group(1), f"make {target}"  # there, and needs no template
+    yours = ("my_signals",)  # what the README has a reader write
+    for path in set(re.findall(r"(?<![\w/.$-])((?:src|configs|tests|notebooks|scripts|docs|benchmarks)/[\w./-]*\w)",
+                                text)):  # fmt: skip
+        assert (project / path).exists() or any(name in path for name in yours), path
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_generated_projects_make_install_and_make_test_pass(template: Path, tmp_path: Path) -> None:
