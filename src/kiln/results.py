@@ -231,7 +231,8 @@ def sweep(name: str | Path, root: str | Path = "runs/sweeps") -> optuna.Study:
     if not database.is_file():
         raise FileNotFoundError(f"{database}: no sweep there (kiln sweep -c configs/sweep/<name>.yaml makes one)")
     storage = optuna.storages.RDBStorage(f"sqlite:///{database}", skip_table_creation=True)
-    return optuna.load_study(study_name=None if len(storage.get_all_studies()) == 1 else folder.name, storage=storage)
+    studies = storage.get_all_studies()  # one: its own name (Optuna logs a notice when none is given)
+    return optuna.load_study(study_name=studies[0].study_name if len(studies) == 1 else folder.name, storage=storage)
 
 
 def trials(study: optuna.Study) -> pd.DataFrame:

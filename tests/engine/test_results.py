@@ -4,6 +4,7 @@ run folders for each status, and real runs for each logger's history (W&B's offl
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -79,7 +80,18 @@ def test_a_sweep_and_a_multirun_read_back(tmp_path: Path) -> None:
     folder.mkdir(parents=True)
     study = optuna.create_study(study_name="tiny", storage=f"sqlite:///{folder / 'study.db'}")
     study.optimize(lambda t: t.suggest_float("lr", 0.0, 1.0), n_trials=3)
-    read = results.sweep("tiny", root=tmp_path / "sweeps")
+    notices: list[str] = []
+    heard = logging.Handler()
+    heard.emit = lambda record: notices.append(record.getMessage())  # type: ignore[method-assign]
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    logging.getLogger("optuna").addHandler(heard)
+    try:
+        read = results.sweep("tiny", root=tmp_path / "sweeps")
+    finally:
+        logging.getLogger("optuna").removeHandler(heard)
+        optuna.logging.set_verbosity(level)
+    assert not [n for n in notices if "Study name was omitted" in n]  # Optuna's notice, in results.ipynb's output
     assert [t.value for t in read.trials] == [t.value for t in study.trials]
     assert results.trials(read)[["number", "params_lr"]].shape == (3, 2)
     with pytest.raises(FileNotFoundError, match="no sweep there"):
