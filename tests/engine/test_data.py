@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import subprocess
 import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.error import URLError
 
 import pytest
 import torch
@@ -149,17 +149,19 @@ def test_missing_files_error_is_one_line_naming_folder_and_files(tmp_path: Path)
 
 
 def test_failed_download_is_the_same_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision's own message, from a mirror that refuses the connection: its first line ended in a colon."""
     from torchvision import datasets
 
-    def offline(*args: object, **kwargs: object) -> None:
-        raise URLError("[Errno -2] Name or service not known")
-
-    monkeypatch.setattr(datasets.MNIST, "download", offline)
+    with socket.socket() as closed:  # a port nothing listens on once this block ends
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(datasets.MNIST, "mirrors", [f"http://127.0.0.1:{port}/"])
     dm = MNISTDataModule(data_dir=tmp_path / "data", download=True)
     with pytest.raises(MissingDataError) as err:
         dm.prepare_data()
     message = str(err.value)
     assert "\n" not in message and "download failed" in message and "MNIST/raw" in message
+    assert "(Error downloading train-images-idx3-ubyte.gz: <urlopen error [Errno 111] Connection refused>)" in message
 
 
 def test_synthetic_data_is_cifar_shaped_and_repeatable() -> None:

@@ -78,7 +78,8 @@ class TorchvisionDataModule(TensorDataModule):
             for train in (True, False):
                 self.dataset_class(str(self.data_dir), train=train, download=True)
         except (OSError, RuntimeError) as err:  # urllib errors are OSErrors; torchvision raises RuntimeError
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            said = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+            reason = said[0].rstrip(":") + (f": {said[-1]}" if len(said) > 1 else "")  # torchvision's: the last cause
             raise MissingDataError(f"{where} and the download failed ({reason}): copy them there") from None
 
     def _load(self, train: bool) -> tuple[Tensor, Tensor]:
