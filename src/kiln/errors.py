@@ -70,6 +70,11 @@ class NeedsOwnProcess(UsageError):
     """A run with several processes (DDP) started inside another command: it would relaunch that command."""
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's first line of text, or its type's name where it says nothing: the cause in a one-line error."""
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
 def nearest(word: str, options: Iterable[str]) -> str:
     """``; did you mean X?`` for the closest option, or nothing: the end of a one-line error naming a wrong value."""
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)

@@ -10,7 +10,7 @@ from typing import IO
 import numpy as np
 from PIL import Image
 
-from kiln.errors import DataError
+from kiln.errors import DataError, first_line
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp")
 
@@ -60,7 +60,7 @@ def decoded(path: Path | IO[bytes], channels: int, size: tuple[int, int]) -> tup
     except Image.UnidentifiedImageError:
         raise DataError(f"{_named(path)}: not an image file (in none of the formats Pillow reads)") from None
     except (OSError, SyntaxError, ValueError) as err:  # truncated, corrupt or not an image at all
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise DataError(f"{_named(path)}: unreadable or truncated image ({reason})") from None
 
 

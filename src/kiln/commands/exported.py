@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from kiln.errors import UsageError
+from kiln.errors import UsageError, first_line
 from kiln.files import MOST_COLUMNS
 from kiln.images import decoded
 
@@ -67,7 +67,7 @@ def load(model: Path, command: str, spin: bool = True) -> Exported:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime's own errors (a truncated or damaged file): InvalidProtobuf, Fail
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise UsageError(f"kiln {command}: {model}: not a readable ONNX model ({reason}): export it again") from None
     return Exported(model, json.loads(spec_file.read_text()), session)
 

@@ -133,10 +133,11 @@ def infer(model: Path, given: list[str], output: Path, batch_size: int = 64, map
     ran = [exported.run(chunk) for chunk in chunks]
     header, values, arrays = rows([np.concatenate(parts) for parts in zip(*ran, strict=True)], spec)
     for name, array in arrays.items():  # each whole before the CSV names its rows
-        with written_whole(output.with_name(f"{output.stem}-{name}.npy")) as partial, partial.open("wb") as f:
+        path = output.with_name(f"{output.stem}-{name}.npy")
+        with written_whole(path) as partial, partial.open("wb") as f:
             np.save(f, array)
         if maps:
-            _class_maps(output.with_name(f"{output.stem}-{name}.npy"), spec)
+            _class_maps(path, spec)
     numbered = not image or any(path.suffix in ARRAY_SUFFIXES for path in paths)  # a file of several samples
     with written_whole(output) as partial, partial.open("w", newline="") as f:  # never a half-written file
         writer = csv.writer(f)

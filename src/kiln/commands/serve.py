@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from kiln.commands.arguments import OneLineParser
 from kiln.commands.exported import Exported, describe, load, rows
-from kiln.errors import DataError, UsageError
+from kiln.errors import DataError, UsageError, first_line
 
 
 class JsonBodies:
@@ -120,7 +120,7 @@ def warmed_up(path: Path) -> Exported:
     try:
         model.run(np.zeros((1, *spec["input_shape"]), dtype=spec.get("dtype", "float32")))
     except Exception as err:  # onnxruntime's own (InvalidArgument, Fail): a model and a preprocess.json that disagree
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = first_line(err)
         raise UsageError(f"kiln serve: {path} does not run on a sample of shape {spec['input_shape']}, what its "
                          f"preprocess.json says it takes ({reason}): export it again") from None  # fmt: skip
     return model
@@ -184,7 +184,11 @@ def _image(given: Any, model: Exported) -> tuple[np.ndarray, str | None]:
     except DataError as err:
         raise _refuse(422, str(err), model) from None
     height, width = model.spec["input_shape"][1:]
-    note = None if size == (width, height) else f"resized from {size[0]}x{size[1]} to {width}x{height} (bilinear)"
+    note = (
+        None
+        if size == (width, height)
+        else f"resized from {size[0]}x{size[1]} to {width}x{height} ({model.spec.get('resize')})"
+    )
     return sample, note
 
 

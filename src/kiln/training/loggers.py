@@ -15,6 +15,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from kiln.errors import first_line
 from kiln.files import written_whole
 from kiln.runs import folders
 
@@ -94,7 +95,7 @@ class Wandb(WandbLogger):
         try:
             return call(*args, **kwargs)
         except Exception as err:
-            self.stopped = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            self.stopped = first_line(err)
             print(f"W&B: logging stopped ({self.stopped}); the run goes on without it: checkpoints, the test and "
                   "metrics.json are kept in the run folder", file=sys.stderr)  # fmt: skip
             return None

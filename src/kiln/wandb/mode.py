@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, first_line
 
 
 def _base_url() -> str:
@@ -123,7 +123,7 @@ def start_or_fall_back(logger: Any) -> str | None:
         logger.experiment  # noqa: B018  # Lightning's lazy start: wandb.init
         return None
     except Exception as err:  # W&B's CommError, UsageError, OSError of a full disk: each ends the same way
-        reason = _first_line(err)
+        reason = first_line(err)
     for mode in ("offline", "disabled"):
         if logger._wandb_init.get("mode") == mode:
             continue
@@ -132,15 +132,11 @@ def start_or_fall_back(logger: Any) -> str | None:
         try:
             logger.experiment  # noqa: B018
         except Exception as err:
-            reason = f"{reason}; {mode}: {_first_line(err)}"
+            reason = f"{reason}; {mode}: {first_line(err)}"
             continue
         more = "`wandb sync` uploads it later" if mode == "offline" else "the run goes on without W&B"
         return f"W&B: the run could not start ({reason}); logging {mode}, {more}"
     raise RuntimeError(f"W&B could not start even disabled ({reason})")
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def finish_wandb(exit_code: int = 0) -> None:
@@ -153,7 +149,7 @@ def finish_wandb(exit_code: int = 0) -> None:
             wandb.finish(exit_code=exit_code)
             wandb.teardown(exit_code)  # the service ends once every file is whole; the next run starts its own
         except Exception as err:  # a full disk, a server gone: what it logged is what there is
-            print(f"W&B: the run could not be closed cleanly ({_first_line(err)})", file=sys.stderr)
+            print(f"W&B: the run could not be closed cleanly ({first_line(err)})", file=sys.stderr)
 
 
 def start_runs(loggers: list[Any]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import console
-from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, Stopped
+from kiln.errors import Interrupted, KilnError, NeedsOwnProcess, Preempted, Stopped, first_line
 from kiln.process import stop_signals
 from kiln.runs import folders
 from kiln.runs.record import RunRecord
@@ -32,7 +32,7 @@ def fit(args: list[str], inside: str, callbacks: Sequence[Any] = ()) -> Any:
         record.record("finished")
         return cli
     except Exception as err:  # a stop, a user error or a crash: the run's folder says which
-        line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        line = first_line(err)
         record.record("interrupted" if isinstance(err, STOPPED) else "failed", line)
         if not isinstance(err, STOPPED):  # the same command resumes a stopped run; a failed one saved nothing
             record.remove_if_unsaved()
