@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from kiln.training.contracts import classes, declared, sample_shape, statistics,
 from kiln.wandb import checkpoints as wandb_checkpoints
 
 FORMATS = ("onnx", "pt2")
+BATCH_SIZES, TOLERANCE, SAMPLES = (1, 64), 1e-4, 1024  # the parity check's: kiln export's flags, kiln serve's
 
 
 def classifier_of(model: nn.Module, data: Any, outputs: Tensor) -> int | None:
@@ -107,7 +108,7 @@ def _quiet_export_logs() -> Iterator[None]:
 
 
 def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: list[str], inputs: Tensor,
-                   batch_sizes: list[int], report: dict[str, Any], classifier: bool) -> None:  # fmt: skip
+                   batch_sizes: Sequence[int], report: dict[str, Any], classifier: bool) -> None:  # fmt: skip
     """Export each format into ``staging`` (the module's own forward: nothing added; several outputs named as
     ``named_outputs`` names them) and add its parity against ``served`` to ``report``."""
     batch = torch.export.Dim("batch", min=1)
@@ -130,8 +131,9 @@ def _write_formats(served: nn.Module, example: Tensor, staging: Path, formats: l
         report["pt2"] = parity(run, served, inputs, example, batch_sizes, classifier)
 
 
-def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: list[int], tolerance: float,
-           samples: int, version: str | None = None) -> dict[str, Any]:  # fmt: skip
+def export(ckpt_path: str, output: Path, formats: list[str], batch_sizes: Sequence[int] = BATCH_SIZES,
+           tolerance: float = TOLERANCE, samples: int = SAMPLES,
+           version: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Write the formats, ``preprocess.json`` and ``parity.json`` to ``output``; above ``tolerance``, nothing.
     ``version``: the ``wandb:`` reference ``ckpt_path`` was resolved from, recorded beside it."""
     served, data = rebuild(ckpt_path)
@@ -225,9 +227,11 @@ def export_command(args: list[str]) -> None:
     parser.add_argument("--run.name", dest="name", help="for best and last: run.name, as kiln fit takes it")
     parser.add_argument("--format", default="onnx,pt2", help="onnx, pt2 or both (comma-separated)")
     parser.add_argument("--output", type=Path, help="default: export/ in the checkpoint's run folder")
-    parser.add_argument("--batch_sizes", default="1,64", help="batch sizes the parity check runs")
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="largest max |difference| allowed")
-    parser.add_argument("--samples", type=int, default=1024, help="test samples the parity check uses")
+    parser.add_argument(
+        "--batch_sizes", default=",".join(map(str, BATCH_SIZES)), help="batch sizes the parity check runs"
+    )
+    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest max |difference| allowed")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="test samples the parity check uses")
     options, extra = parse_command(parser, args)
     if options.samples < 1:
         raise UsageError(f"kiln export: --samples {options.samples}: the parity check needs 1 or more test samples")

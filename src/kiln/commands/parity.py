@@ -3,6 +3,7 @@ split (``parity.json``); for a classifier also the share of samples whose top cl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,7 +46,7 @@ def _run(run: Any, chunk: Tensor, traced: int) -> Any:
         ) from None
 
 
-def parity(run: Any, eager: nn.Module, inputs: Tensor, example: Tensor, batch_sizes: list[int],
+def parity(run: Any, eager: nn.Module, inputs: Tensor, example: Tensor, batch_sizes: Sequence[int],
            classifier: bool) -> dict[str, Any]:  # fmt: skip
     """Max |difference| of every output of ``run`` (an exported model, its outputs in the eager forward's order)
     against ``eager``, per batch size; for a classifier also the share of samples whose top class agrees."""

@@ -204,7 +204,7 @@ def _exported_from(options: Any) -> Path:
     output = export.default_output(found.path)
     parity = output / "parity.json"
     if not output.exists():
-        export.export(str(found.path), output, ["onnx"], [1, 64], 1e-4, 1024, found.version)
+        export.export(str(found.path), output, ["onnx"], version=found.version)  # the parity check kiln export runs
         print(f"exported {found.path} to {output}", file=sys.stderr)
     elif not parity.is_file() or json.loads(parity.read_text()).get("checkpoint") != str(found.path):
         raise UsageError(f"kiln serve: {output} holds the export of another checkpoint: serve it with --model "
