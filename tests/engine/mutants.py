@@ -37,7 +37,7 @@ MUTANTS = [
     Mutant("a multirun's mean over the wrong count", "src/kiln/commands/sweep/aggregate.py",
            "    mean = sum(values) / n\n", "    mean = sum(values) / max(n - 1, 1)\n",
            (E + "test_multirun.py::test_seeds_times_a_grid_aggregate_as_numpy_does_and_a_rerun_trains_nothing",)),
-    Mutant("an export that adds a softmax", "src/kiln/commands/export.py",
+    Mutant("an export that adds a softmax", "src/kiln/commands/exporting.py",
            "    classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None\n",
            "    classifier = isinstance(outputs, Tensor) and classifier_of(served, data, outputs) is not None\n"
            "    served = nn.Sequential(served, nn.Softmax(-1)).eval()\n",

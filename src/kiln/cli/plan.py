@@ -23,9 +23,9 @@ from kiln.cli.configs import config_dir
 from kiln.cli.from_checkpoint import BUILT_FROM_KEY, read_checkpoint, saved_config, weight_shapes
 from kiln.cli.resume_check import average_line
 from kiln.errors import AlreadyFinished, UsageError
+from kiln.runs.folders import read_metrics
 from kiln.runs.picking import Pick, partial_data
 from kiln.runs.reference import PASSED_ON, resolve
-from kiln.training.testing import read_metrics
 from kiln.wandb import checkpoints as wandb_checkpoints
 
 Parse = Callable[[ArgsType], Namespace]  # the CLI's parse of a command line (parse_config)

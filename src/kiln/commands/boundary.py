@@ -81,8 +81,9 @@ def _command(argv: list[str], given: bool, process: bool, record: RunRecord) -> 
         close = difflib.get_close_matches(argv[0], [*LIGHTNING, *COMMANDS], n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise UsageError(f"kiln {argv[0]}: no such subcommand{hint} (`kiln --help` lists them)")
-    if process and argv[0] not in WITHOUT_TORCH:
-        _import_torch_frozen()
+    own = argv[1 : argv.index("--") if "--" in argv else None]
+    if process and argv[0] not in WITHOUT_TORCH and not (argv[0] in COMMANDS and {"-h", "--help"} & set(own)):
+        _import_torch_frozen()  # not for kiln's own commands' --help: their parsers import no torch
     if argv[:1] and argv[0] in COMMANDS:
         module, name = COMMANDS[argv[0]]
         run = getattr(importlib.import_module(module), name)

@@ -197,14 +197,15 @@ def _exported_from(options: Any) -> Path:
     ``export/``, written there first when it is not."""
     if options.model:
         return Path(options.model) / "model.onnx" if Path(options.model).is_dir() else Path(options.model)
-    from kiln.commands import export
+    from kiln.commands import export, exporting
 
     found = export.checkpoint(options.ckpt_path, options.config, options.root, options.name)
     assert found.path is not None
     output = export.default_output(found.path)
     parity = output / "parity.json"
     if not output.exists():
-        export.export(str(found.path), output, ["onnx"], version=found.version)  # the parity check kiln export runs
+        checked = export.BATCH_SIZES, export.TOLERANCE, export.SAMPLES  # the parity check kiln export runs
+        exporting.export(str(found.path), output, ["onnx"], *checked, version=found.version)
         print(f"exported {found.path} to {output}", file=sys.stderr)
     elif not parity.is_file() or json.loads(parity.read_text()).get("checkpoint") != str(found.path):
         raise UsageError(f"kiln serve: {output} holds the export of another checkpoint: serve it with --model "

@@ -14,19 +14,15 @@ optimizer's key, for ``kiln fit … -c tuned.yaml``) into ``runs/<name>/tune-<ti
 from __future__ import annotations
 
 import csv
-import math
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback
-
 from kiln.commands.arguments import OneLineParser, parse_command, resolved_config
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml, written_whole
-from kiln.process.process_group import check_one_process
 from kiln.runs.folders import DEFAULT_ROOT
 
 
@@ -45,55 +41,13 @@ def parse(args: list[str]) -> tuple[Any, list[str]]:
     return options, fit_args
 
 
-class RangeTest(Callback):
-    """Sets every parameter group's rate before each step, exponentially from ``min_lr`` to ``max_lr`` (over any
-    schedule the model configures), and records the step's loss; stops when the smoothed loss passes 4x its
-    lowest, or is not finite."""
-
-    def __init__(self, min_lr: float, max_lr: float, steps: int) -> None:
-        self.rates = [min_lr * (max_lr / min_lr) ** (i / (steps - 1)) for i in range(steps)]
-        self.lrs: list[float] = []
-        self.losses: list[float] = []  # raw, per optimizer step
-        self.smoothed: list[float] = []
-        self._average = 0.0
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        rate = self.rates[min(trainer.global_step, len(self.rates) - 1)]
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = rate
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step <= len(self.lrs):
-            return  # an accumulation batch
-        loss = float(outputs["loss"] if isinstance(outputs, dict) else outputs)
-        self.lrs.append(self.rates[len(self.lrs)])
-        self.losses.append(loss)
-        self._average = BETA * self._average + (1 - BETA) * loss
-        self.smoothed.append(self._average / (1 - BETA ** len(self.losses)))  # bias-corrected: the first is the loss
-        if not math.isfinite(self.smoothed[-1]) or self.smoothed[-1] > 4 * min(self.smoothed):
-            trainer.should_stop = True
-
-    def suggestion(self) -> float | None:
-        """The rate where the smoothed loss falls fastest per decade, between the 10th step and its lowest."""
-        finite = [(lr, loss) for lr, loss in zip(self.lrs, self.smoothed, strict=True) if math.isfinite(loss)]
-        lowest = min(range(len(finite)), key=lambda i: finite[i][1]) if finite else 0
-        window = finite[: lowest + 1]
-        if len(window) < 12:
-            return None
-        slopes = [(window[i + 1][1] - window[i - 1][1]) / math.log10(window[i + 1][0] / window[i - 1][0])
-                  for i in range(10, len(window) - 1)]  # fmt: skip
-        return window[10 + min(range(len(slopes)), key=slopes.__getitem__)][0] if slopes else None
-
-
-BETA = 0.98  # the loss's smoothing
-
-
-def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: int) -> tuple[RangeTest, Any]:
+def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: int) -> tuple[Any, Any]:
     """The range test on the model and data the fit arguments build, trained in a scratch run folder (removed
     after) without validation, checkpoints or the non-finite guard, the global random states put back."""
+    from kiln.callbacks.range_test import RangeTest
     from kiln.cli import argv_hidden, build_cli
     from kiln.data.datasets import global_rngs_kept
+    from kiln.process.process_group import check_one_process
 
     scratch = Path(tempfile.mkdtemp(prefix="kiln-tune-"))
     test = RangeTest(min_lr, max_lr, num_training)
@@ -120,7 +74,7 @@ def optimizer_name(cli: Any) -> str:
     return str(getattr(cli.config.get("model.init_args.optimizer"), "class_path", None) or "the configured optimizer")
 
 
-def write_results(folder: Path, test: RangeTest, suggestion: float, optimizer: str, min_lr: float,
+def write_results(folder: Path, test: Any, suggestion: float, optimizer: str, min_lr: float,
                   max_lr: float) -> None:  # fmt: skip
     """``lr_find.csv`` (rate, loss, smoothed), ``lr_find.png`` (the curve, the suggestion marked), ``tuned.yaml``."""
     from kiln.runs import figures

@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kiln.files import written_whole
+from kiln.runs.folders import read_metrics
 from kiln.runs.metrics import run_metrics
-from kiln.training.testing import read_metrics
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond, the normal's 1.96
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,

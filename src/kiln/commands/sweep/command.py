@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 
 from kiln.commands.arguments import OneLineParser, folder, parse_command
-from kiln.commands.sweep.driver import run_sweep
 from kiln.commands.sweep.report import report
 from kiln.commands.sweep.space import Sweep, read_sweep, wandb_config
 from kiln.commands.sweep.study import open_study, storage_for
@@ -68,5 +67,7 @@ def sweep_command(args: list[str]) -> None:
     if options.report:
         study = open_study(sweep, storage_for(root / sweep.name, options.storage))
     else:
+        from kiln.commands.sweep.driver import run_sweep  # Lightning: not for --help
+
         study = run_sweep(sweep, root, options.storage, options.subprocess)
     report(study, sweep, root / sweep.name)

@@ -29,7 +29,7 @@ from kiln.errors import KilnError, UsageError
 from kiln.files import broken_archives, load_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders
-from kiln.training.testing import read_metrics
+from kiln.runs.folders import read_metrics
 
 Planned = tuple[dict[str, str], str, list[str]]  # a run: its grid cell, its name under the root, its arguments
 
