@@ -44,9 +44,7 @@ def default_output(checkpoint: Path) -> Path:
     return (run if layout(run).config.is_file() else checkpoint.parent) / "export"
 
 
-def export_command(args: list[str]) -> None:
-    """``kiln export --ckpt_path FILE|best|last|wandb:… [-c FILE] [--run.root R] [--run.name N] [--format onnx,pt2]
-    [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
+def _parser() -> OneLineParser:
     parser = OneLineParser(prog="kiln export", description="Export a trained model for serving.")
     parser.add_argument(
         "--ckpt_path",
@@ -64,7 +62,13 @@ def export_command(args: list[str]) -> None:
     )
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest max |difference| allowed")
     parser.add_argument("--samples", type=int, default=SAMPLES, help="test samples the parity check uses")
-    options, extra = parse_command(parser, args)
+    return parser
+
+
+def export_command(args: list[str]) -> None:
+    """``kiln export --ckpt_path FILE|best|last|wandb:… [-c FILE] [--run.root R] [--run.name N] [--format onnx,pt2]
+    [--output DIR] [--batch_sizes 1,64] [--tolerance 1e-4]``."""
+    options, extra = parse_command(_parser(), args)
     if options.samples < 1:
         raise UsageError(f"kiln export: --samples {options.samples}: the parity check needs 1 or more test samples")
     formats = options.format.split(",")
