@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 ENGINE = Path(__file__).resolve().parents[2] / "src" / "kiln"
 BUDGET = 12_700  # lines of src/kiln; the goal is 10,000 (docs/development.md)
 MODULE_LINES, FUNCTION_LINES = 280, 40
 
 
-def modules() -> dict[str, ast.Module]:
-    """Every engine module by its dotted name (a package by its ``__init__``'s)."""
+def sources() -> dict[str, str]:
+    """Every engine module's text by its dotted name (a package by its ``__init__``'s)."""
     found = {}
     for path in sorted(ENGINE.rglob("*.py")):
         parts = path.relative_to(ENGINE.parent).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = ast.parse(path.read_text())
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path.read_text()
     return found
 
 
-def imported(tree: ast.Module, known: dict[str, ast.Module]) -> set[str]:
+def imported(tree: ast.Module, known: dict[str, Any]) -> set[str]:
     """The engine modules a module imports anywhere in it (inside a function too): ``from kiln.a import b`` is
     ``kiln.a.b`` where that is a module, else ``kiln.a``."""
     found = set()
@@ -59,13 +60,13 @@ def names(node: ast.AST) -> list[str]:
 
 
 def test_the_engine_keeps_to_its_budget_of_lines_module_and_function_sizes_and_has_no_import_loop() -> None:
-    known = modules()
-    files = {m: ENGINE.parent.joinpath(*m.split(".")) for m in known}
-    lines = {m: len((f / "__init__.py" if f.is_dir() else f.with_suffix(".py")).read_text().splitlines())
-             for m, f in files.items()}  # fmt: skip
+    texts = sources()
+    known = {m: ast.parse(text) for m, text in texts.items()}
+    lines = {m: len(text.splitlines()) for m, text in texts.items()}
     assert sum(lines.values()) <= BUDGET, f"{sum(lines.values())} lines: what a feature adds, a simplification pays"
     assert not {m: n for m, n in lines.items() if n > MODULE_LINES}
-    functions = [(m, f) for m, tree in known.items() for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    functions = [(m, f) for m, tree in known.items() for f in ast.walk(tree)
+                 if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]  # fmt: skip
     assert not [f"{m}.{f.name}" for m, f in functions if (f.end_lineno or 0) - f.lineno + 1 > FUNCTION_LINES]
     graph = {m: {i for i in imported(tree, known) if i != m and i in known} for m, tree in known.items()}
     assert loop(graph) is None

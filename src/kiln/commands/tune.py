@@ -18,12 +18,15 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.commands.arguments import OneLineParser, parse_command, resolved_config
 from kiln.errors import UsageError
 from kiln.files import dump_yaml, load_yaml, written_whole
 from kiln.runs.folders import DEFAULT_ROOT
+
+if TYPE_CHECKING:
+    from kiln.callbacks.range_test import RangeTest  # Lightning: imported where the test runs, not for --help
 
 
 def parse(args: list[str]) -> tuple[Any, list[str]]:
@@ -41,7 +44,7 @@ def parse(args: list[str]) -> tuple[Any, list[str]]:
     return options, fit_args
 
 
-def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: int) -> tuple[Any, Any]:
+def range_test(fit_args: list[str], min_lr: float, max_lr: float, num_training: int) -> tuple[RangeTest, Any]:
     """The range test on the model and data the fit arguments build, trained in a scratch run folder (removed
     after) without validation, checkpoints or the non-finite guard, the global random states put back."""
     from kiln.callbacks.range_test import RangeTest
@@ -74,7 +77,7 @@ def optimizer_name(cli: Any) -> str:
     return str(getattr(cli.config.get("model.init_args.optimizer"), "class_path", None) or "the configured optimizer")
 
 
-def write_results(folder: Path, test: Any, suggestion: float, optimizer: str, min_lr: float,
+def write_results(folder: Path, test: RangeTest, suggestion: float, optimizer: str, min_lr: float,
                   max_lr: float) -> None:  # fmt: skip
     """``lr_find.csv`` (rate, loss, smoothed), ``lr_find.png`` (the curve, the suggestion marked), ``tuned.yaml``."""
     from kiln.runs import figures

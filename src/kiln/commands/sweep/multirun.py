@@ -29,7 +29,6 @@ from kiln.errors import KilnError, UsageError
 from kiln.files import broken_archives, load_yaml
 from kiln.process import stop_signals
 from kiln.runs import folders
-from kiln.runs.folders import read_metrics
 
 Planned = tuple[dict[str, str], str, list[str]]  # a run: its grid cell, its name under the root, its arguments
 
@@ -95,7 +94,7 @@ def finished(folder: Path, tested: bool, config: str) -> tuple[Path | None, str 
     ``None`` and, when a completed run had other settings, which (it is never reused)."""
     other = None
     for run_dir in sorted(folder.glob("*"), reverse=True):
-        data = read_metrics(run_dir)
+        data = folders.read_metrics(run_dir)
         if "val" not in data or ("test" not in data and tested):
             continue
         saved = run_dir / CONFIG_FILE
@@ -111,7 +110,7 @@ def stopped(folder: Path, config: str) -> Path | None:
     for run_dir in sorted(folder.glob("*"), reverse=True):
         saved = run_dir / CONFIG_FILE
         if saved.is_file() and saved.read_text() == config and folders.layout(run_dir).last.is_file():
-            return run_dir if "test" not in read_metrics(run_dir) else None
+            return run_dir if "test" not in folders.read_metrics(run_dir) else None
     return None
 
 
